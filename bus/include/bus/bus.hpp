@@ -1,0 +1,719 @@
+// The one include for in-process work: channels, the Bus, services, request/reply, timers.
+#pragma once
+
+#include <absl/functional/any_invocable.h>
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+
+#include <chrono>
+#include <concepts>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "bus/channel.hpp"
+#include "bus/detail/core.hpp"
+#include "bus/detail/targets.hpp"
+#include "bus/options.hpp"
+#include "bus/stats.hpp"
+
+namespace bus {
+
+using Clock = std::chrono::steady_clock;
+
+/// `U` is exactly the channel's message type (no conversions: a Topic<Tick> takes a Tick).
+template <class U, class T>
+concept MessageOf = std::same_as<std::remove_cvref_t<U>, T>;
+
+/// Where a subscriber, consumer, server or service runs: an executor index, or any (the bus
+/// spreads them round-robin).
+struct Placement {
+  int executor = -1;
+};
+inline Placement on_executor(unsigned i) { return Placement{static_cast<int>(i)}; }
+
+/// Names a timer so it can be cancelled.
+struct TimerId {
+  uint32_t inbox = 0;
+  uint64_t id = 0;
+  explicit operator bool() const { return id != 0; }
+};
+
+/// A subscription, consumer or server registration. Cancels itself when destroyed; after
+/// `cancel()` returns (called from another thread than the handler's) the handler never runs
+/// again. From the handler's own executor it takes effect when the current handler returns.
+class [[nodiscard]] Subscription {
+ public:
+  Subscription() = default;
+  Subscription(std::weak_ptr<detail::Core> core, absl::AnyInvocable<void(detail::Core&)> cancel)
+      : core_(std::move(core)), cancel_(std::move(cancel)) {}
+  Subscription(Subscription&&) noexcept = default;
+  Subscription& operator=(Subscription&& o) noexcept {
+    if (this != &o) {
+      cancel();
+      core_ = std::move(o.core_);
+      cancel_ = std::move(o.cancel_);
+    }
+    return *this;
+  }
+  ~Subscription() { cancel(); }
+  void cancel() {
+    if (!cancel_) return;
+    auto fn = std::move(cancel_);
+    cancel_ = nullptr;
+    if (auto core = core_.lock()) fn(*core);
+  }
+  /// Keeps the registration for the bus's lifetime.
+  void release() { cancel_ = nullptr; }
+  explicit operator bool() const { return static_cast<bool>(cancel_); }
+
+ private:
+  std::weak_ptr<detail::Core> core_;
+  absl::AnyInvocable<void(detail::Core&)> cancel_;
+};
+
+template <class S>
+class Service;
+template <class S>
+class ServiceGroup;
+class Batch;
+class ExternalInbox;
+
+/// The bus: executors, their inboxes and every channel's state. Handlers run on executors;
+/// any thread may publish. Destroying the bus stops it (draining what was accepted).
+class Bus {
+ public:
+  explicit Bus(Options options = {});
+  Bus(const Bus&) = delete;
+  Bus& operator=(const Bus&) = delete;
+  ~Bus();
+
+  unsigned executors() const { return core_->executor_count(); }
+  /// The executor running the calling thread, if it is one of this bus's.
+  std::optional<unsigned> current_executor() const;
+
+  // ---- topics: every subscriber gets each message ---------------------------------------------
+
+  /// Sends `msg` to every subscriber. OK, or: ResourceExhausted (a ring was full under the fail
+  /// policy; subscribers whose rings had room still get it), Unavailable (the bus is stopping).
+  template <class T, MessageOf<T> U>
+  absl::Status publish(const Topic<T>& topic, U&& msg);
+
+  template <class T, class F>
+    requires std::invocable<F&, const T&>
+  Subscription subscribe(const Topic<T>& topic, F&& handler, Placement where = {});
+
+  // ---- queues: one consumer per message --------------------------------------------------------
+
+  template <class T, MessageOf<T> U>
+  absl::Status send(const Queue<T>& queue, U&& msg);
+
+  template <class T, class F>
+    requires std::invocable<F&, T&&>
+  Subscription consume(const Queue<T>& queue, F&& handler, Placement where = {});
+
+  // ---- request / reply ---------------------------------------------------------------------------
+
+  /// Serves `endpoint`: `handler(Req&&)` returns Rep or absl::StatusOr<Rep>; a throw becomes an
+  /// Internal status for the caller.
+  template <class Req, class Rep, class F>
+    requires std::invocable<F&, Req&&>
+  Subscription serve(const Endpoint<Req, Rep>& endpoint, F&& handler, Placement where = {});
+
+  /// Sends a request; `callback(absl::StatusOr<Rep>)` runs exactly once, on the calling
+  /// executor (or external inbox), with the reply or a status: DeadlineExceeded, Unavailable (no
+  /// handler, bus stopping), Internal (the handler threw), Cancelled (bus stopped first).
+  /// From a plain thread the callback runs on an executor the bus picks.
+  template <class Req, class Rep, MessageOf<Req> R, class F>
+    requires std::invocable<F&, absl::StatusOr<Rep>>
+  void request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout, F&& callback);
+
+  /// Blocks the calling plain thread until the reply or the deadline. Refused on an executor.
+  template <class Req, class Rep, MessageOf<Req> R>
+  absl::StatusOr<Rep> call(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout);
+
+  // ---- services ----------------------------------------------------------------------------------
+
+  /// State `S` pinned to one executor: all its handlers run there, one at a time.
+  template <class S, class... A>
+  Service<S> service(Placement where, A&&... args);
+  template <class S, class... A>
+  Service<S> service(A&&... args) {
+    return service<S>(Placement{}, std::forward<A>(args)...);
+  }
+  /// N instances of `S` taking turns (round-robin) on the queues and endpoints they consume.
+  template <class S, class... A>
+  ServiceGroup<S> pool(unsigned n, const A&... args);
+  /// N instances of `S`, each owning the keys that hash to it on the keyed channels it consumes.
+  template <class S, class... A>
+  ServiceGroup<S> sharded(unsigned n, const A&... args);
+
+  // ---- closures and timers --------------------------------------------------------------------
+
+  /// Runs `fn()` on executor `where` (any: round-robin).
+  template <class F>
+    requires std::invocable<F&>
+  absl::Status post(Placement where, F&& fn);
+  template <class F>
+    requires std::invocable<F&>
+  TimerId after(Placement where, Clock::duration delay, F&& fn);
+  template <class F>
+    requires std::invocable<F&>
+  TimerId every(Placement where, Clock::duration period, F&& fn);
+  void cancel(TimerId timer);
+
+  /// Stops intake (publish from plain threads returns Unavailable), lets executors run until
+  /// nothing is in flight, then joins them. Pending requests get Cancelled. Idempotent.
+  absl::Status stop();
+
+  Stats stats() const;
+
+ private:
+  template <class S>
+  friend class Service;
+  friend class Batch;
+  friend class ExternalInbox;
+
+  detail::Inbox& placed(Placement where);
+  unsigned place(Placement where);
+  /// Posts `fn` to `inbox` and, unless the caller owns that inbox, waits until it ran.
+  template <class F>
+  absl::Status run_on(detail::Inbox& inbox, F&& fn, bool wait);
+  template <class F>
+  absl::Status post_to(detail::Inbox& inbox, F&& fn);
+  template <class T>
+  detail::TopicState<T>& topic_state(const Topic<T>& t) {
+    return core_->channel_state<detail::TopicState<T>>(t.id(), [] { return new detail::TopicState<T>; });
+  }
+  template <class T>
+  detail::QueueState<T>& queue_state(const Queue<T>& q) {
+    return core_->channel_state<detail::QueueState<T>>(
+        q.id(), [&] { return new detail::QueueState<T>(q.id(), q.key(), q.overflow()); });
+  }
+  template <class Req, class Rep>
+  detail::EndpointState<Req, Rep>& endpoint_state(const Endpoint<Req, Rep>& e) {
+    return core_->channel_state<detail::EndpointState<Req, Rep>>(e.id(), [&] {
+      return new detail::EndpointState<Req, Rep>(e.id(), e.key(), e.overflow());
+    });
+  }
+  template <class T, class F>
+  Subscription subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& handler);
+  template <class Req, class Rep, class F>
+  void request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<Req, Rep>& endpoint,
+                    Req&& req, Clock::time_point deadline, F&& callback);
+  void keep(Subscription s);
+  void keep_service(std::shared_ptr<void> state);
+  template <class S, class... A>
+  ServiceGroup<S> group(unsigned n, bool sharded, const A&... args);
+
+  std::shared_ptr<detail::Core> core_;
+  std::mutex keep_mu_;
+  std::vector<Subscription> kept_;
+  std::vector<std::shared_ptr<void>> services_;
+};
+
+/// Defers publication on a plain thread: records are built in the rings as usual but made
+/// visible (and their executors woken) once, when the scope ends. Executors batch on their own.
+class Batch {
+ public:
+  explicit Batch(Bus& bus);
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+  ~Batch();
+  /// Publishes what was sent so far.
+  void flush();
+  /// False when the bus was stopping as the batch began: its publishes are then refused.
+  bool accepted() const { return accepted_; }
+
+ private:
+  detail::Core& core_;
+  detail::Producer& producer_;
+  bool accepted_;
+};
+
+/// An inbox owned by an event loop that is not an executor (Asio, a zmq poller, ...). The loop
+/// polls `fd()` (an eventfd) and calls `drain()` when it is readable or when `next_timer()` is
+/// due; replies to requests made on the owning thread and handlers subscribed here run inside
+/// `drain()`. Created on, and owned by, the calling thread (see bind_to_this_thread()).
+class ExternalInbox {
+ public:
+  explicit ExternalInbox(Bus& bus);
+  ExternalInbox(const ExternalInbox&) = delete;
+  ExternalInbox& operator=(const ExternalInbox&) = delete;
+  ~ExternalInbox();
+
+  int fd() const { return inbox_->eventfd(); }
+  /// Runs what is ready; returns how many records and timers ran.
+  std::size_t drain();
+  std::optional<Clock::time_point> next_timer() const { return inbox_->next_timer(); }
+  /// Makes the calling thread the owner (its requests' replies come here).
+  void bind_to_this_thread();
+
+  template <class T, class F>
+    requires std::invocable<F&, const T&>
+  Subscription subscribe(const Topic<T>& topic, F&& handler) {
+    return bus_.subscribe_at(topic, *inbox_, std::forward<F>(handler));
+  }
+
+ private:
+  Bus& bus_;
+  detail::Inbox* inbox_;
+};
+
+// ==== services ======================================================================================
+
+namespace detail {
+template <class Rep, class F, class... A>
+absl::StatusOr<Rep> invoke_handler(F& f, A&&... a) {
+  using R = std::invoke_result_t<F&, A...>;
+  if constexpr (std::is_same_v<std::remove_cvref_t<R>, absl::StatusOr<Rep>>) {
+    return std::invoke(f, std::forward<A>(a)...);
+  } else {
+    static_assert(std::is_convertible_v<R, Rep>,
+                  "an endpoint handler returns the endpoint's reply type or absl::StatusOr of it");
+    return absl::StatusOr<Rep>(std::invoke(f, std::forward<A>(a)...));
+  }
+}
+}  // namespace detail
+
+/// A handle to state `S` pinned to one executor. Handlers take `(S&, message)`; member
+/// function pointers work too. Handles are cheap to copy; the bus owns the state.
+template <class S>
+class Service {
+ public:
+  unsigned executor() const { return executor_; }
+  /// The state. Touch it only from the service's own handlers, or after the bus stopped.
+  S& state() const { return *state_; }
+
+  template <class T, class F>
+  Service& subscribe(const Topic<T>& topic, F f) {
+    bus_->keep(bus_->subscribe(
+        topic, [s = state_, f = std::move(f)](const T& m) mutable { std::invoke(f, *s, m); },
+        on_executor(executor_)));
+    return *this;
+  }
+  template <class T, class F>
+  Service& consume(const Queue<T>& queue, F f) {
+    bus_->keep(bus_->consume(
+        queue, [s = state_, f = std::move(f)](T&& m) mutable { std::invoke(f, *s, std::move(m)); },
+        on_executor(executor_)));
+    return *this;
+  }
+  template <class Req, class Rep, class F>
+  Service& serve(const Endpoint<Req, Rep>& endpoint, F f) {
+    bus_->keep(bus_->serve(
+        endpoint,
+        [s = state_, f = std::move(f)](Req&& r) mutable {
+          return detail::invoke_handler<Rep>(f, *s, std::move(r));
+        },
+        on_executor(executor_)));
+    return *this;
+  }
+  /// `fn(S&)` after `delay` / every `period`, on the service's executor.
+  template <class F>
+  TimerId after(Clock::duration delay, F fn) {
+    return bus_->after(on_executor(executor_), delay, [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
+  }
+  template <class F>
+  TimerId every(Clock::duration period, F fn) {
+    return bus_->every(on_executor(executor_), period, [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
+  }
+  /// `fn(S&)` on the service's executor.
+  template <class F>
+  absl::Status post(F fn) {
+    return bus_->post(on_executor(executor_), [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
+  }
+  /// A request made by the service: `callback(S&, absl::StatusOr<Rep>)` runs on its executor.
+  template <class Req, class Rep, class F>
+  void request(const Endpoint<Req, Rep>& endpoint, Req req, Clock::duration timeout, F callback) {
+    auto deadline = Clock::now() + timeout;
+    Bus* bus = bus_;
+    auto go = [bus, &endpoint, s = state_, req = std::move(req), deadline,
+               cb = std::move(callback)]() mutable {
+      auto& p = bus->core_->producer();
+      bus->request_from(p, *p.own_inbox, endpoint, std::move(req), deadline,
+                        [s, cb = std::move(cb)](absl::StatusOr<Rep> r) mutable { cb(*s, std::move(r)); });
+    };
+    if (bus_->current_executor() == executor_) {
+      go();
+    } else if (absl::Status st = bus_->post(on_executor(executor_), std::move(go)); !st.ok()) {
+      callback(*state_, absl::StatusOr<Rep>(st));
+    }
+  }
+
+ private:
+  friend class Bus;
+  Service(Bus* bus, S* state, unsigned executor) : bus_(bus), state_(state), executor_(executor) {}
+  Bus* bus_;
+  S* state_;
+  unsigned executor_;
+};
+
+/// N instances of a service on distinct executors (as far as there are executors).
+template <class S>
+class ServiceGroup {
+ public:
+  std::size_t size() const { return members_.size(); }
+  Service<S>& operator[](std::size_t i) { return members_[i]; }
+  auto begin() { return members_.begin(); }
+  auto end() { return members_.end(); }
+
+  template <class T, class F>
+  ServiceGroup& subscribe(const Topic<T>& topic, F f) {
+    for (auto& m : members_) m.subscribe(topic, f);
+    return *this;
+  }
+  template <class T, class F>
+  ServiceGroup& consume(const Queue<T>& queue, F f) {
+    check_keyed(queue.key() != nullptr, queue.name());
+    for (auto& m : members_) m.consume(queue, f);
+    return *this;
+  }
+  template <class Req, class Rep, class F>
+  ServiceGroup& serve(const Endpoint<Req, Rep>& endpoint, F f) {
+    check_keyed(endpoint.key() != nullptr, endpoint.name());
+    for (auto& m : members_) m.serve(endpoint, f);
+    return *this;
+  }
+
+ private:
+  friend class Bus;
+  void check_keyed(bool keyed, const std::string& name) const {
+    if (sharded_ && !keyed) {
+      throw std::invalid_argument(absl::StrCat(
+          "bus: a sharded service consumes keyed channels; '", name,
+          "' has no key function (declare it with one, or use pool())"));
+    }
+  }
+  std::vector<Service<S>> members_;
+  bool sharded_ = false;
+};
+
+// ==== implementation ===============================================================================
+
+template <class T, MessageOf<T> U>
+absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
+  detail::Core& c = *core_;
+  detail::Producer& p = c.producer();
+  if (!c.enter(p)) return detail::Core::stopped_status();
+  absl::Status result;
+  if (const auto* list = topic_state(topic).targets.load()) {
+    detail::TopicTarget<T>* last = nullptr;
+    for (auto* t : list->targets) {
+      if (t->live.load(std::memory_order_relaxed) == 0) continue;
+      if (last) {
+        absl::Status s = c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(),
+                                   static_cast<const T&>(msg));
+        if (!s.ok()) result = std::move(s);
+      }
+      last = t;
+    }
+    if (last) {
+      absl::Status s = c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(),
+                                 std::forward<U>(msg));
+      if (!s.ok()) result = std::move(s);
+    }
+  }
+  if (result.ok()) p.counters.add(topic.id(), detail::kPublished);
+  c.leave(p);
+  return result;
+}
+
+template <class T, class F>
+  requires std::invocable<F&, const T&>
+Subscription Bus::subscribe(const Topic<T>& topic, F&& handler, Placement where) {
+  return subscribe_at(topic, placed(where), std::forward<F>(handler));
+}
+
+template <class T, class F>
+Subscription Bus::subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& handler) {
+  auto& st = topic_state(topic);
+  detail::TopicTarget<T>* target = nullptr;
+  uint64_t id;
+  {
+    std::lock_guard lock(core_->mu);
+    for (auto& t : st.targets.owned) {
+      if (t->inbox == &inbox) target = t.get();
+    }
+    if (!target) {
+      st.targets.owned.push_back(std::make_unique<detail::TopicTarget<T>>(topic.id(), inbox));
+      target = st.targets.owned.back().get();
+      auto next = st.targets.copy();
+      next.push_back(target);
+      st.targets.replace(std::move(next));
+    }
+    id = ++st.last_sub;
+  }
+  absl::AnyInvocable<void(const T&)> fn(std::forward<F>(handler));
+  absl::Status added = run_on(
+      inbox, [target, id, fn = std::move(fn)]() mutable { target->subs.push_back({id, std::move(fn)}); },
+      /*wait=*/true);
+  if (!added.ok()) return Subscription();
+  target->live.fetch_add(1, std::memory_order_relaxed);
+  return Subscription(core_, [this, target, id](detail::Core&) {
+    target->live.fetch_sub(1, std::memory_order_relaxed);
+    (void)run_on(
+        *target->inbox, [target, id] { std::erase_if(target->subs, [id](auto& s) { return s.id == id; }); },
+        /*wait=*/true);
+  });
+}
+
+template <class T, MessageOf<T> U>
+absl::Status Bus::send(const Queue<T>& queue, U&& msg) {
+  detail::Core& c = *core_;
+  detail::Producer& p = c.producer();
+  if (!c.enter(p)) return detail::Core::stopped_status();
+  absl::Status s = queue_state(queue).route(p, T(std::forward<U>(msg)));
+  if (s.ok()) p.counters.add(queue.id(), detail::kPublished);
+  c.leave(p);
+  return s;
+}
+
+template <class T, class F>
+  requires std::invocable<F&, T&&>
+Subscription Bus::consume(const Queue<T>& queue, F&& handler, Placement where) {
+  auto& st = queue_state(queue);
+  detail::Inbox& inbox = placed(where);
+  detail::QueueTarget<T>* target;
+  {
+    std::lock_guard lock(core_->mu);
+    st.targets.owned.push_back(std::make_unique<detail::QueueTarget<T>>(
+        queue.id(), inbox, st, absl::AnyInvocable<void(T&&)>(std::forward<F>(handler))));
+    target = st.targets.owned.back().get();
+    auto next = st.targets.copy();
+    next.push_back(target);
+    st.targets.replace(std::move(next));
+  }
+  return Subscription(core_, [this, &st, target](detail::Core& c) {
+    {
+      std::lock_guard lock(c.mu);
+      auto next = st.targets.copy();
+      std::erase(next, target);
+      st.targets.replace(std::move(next));
+    }
+    // Messages already on their way to it are handed to another consumer.
+    (void)run_on(*target->inbox, [target] { target->fn = nullptr; }, /*wait=*/true);
+  });
+}
+
+template <class Req, class Rep, class F>
+  requires std::invocable<F&, Req&&>
+Subscription Bus::serve(const Endpoint<Req, Rep>& endpoint, F&& handler, Placement where) {
+  auto& st = endpoint_state(endpoint);
+  detail::Inbox& inbox = placed(where);
+  using Target = detail::EndpointTarget<Req, Rep>;
+  Target* target;
+  {
+    std::lock_guard lock(core_->mu);
+    st.targets.owned.push_back(std::make_unique<Target>(
+        endpoint.id(), inbox, st,
+        typename Target::Handler([f = std::forward<F>(handler)](Req&& r) mutable {
+          return detail::invoke_handler<Rep>(f, std::move(r));
+        })));
+    target = st.targets.owned.back().get();
+    auto next = st.targets.copy();
+    next.push_back(target);
+    st.targets.replace(std::move(next));
+  }
+  return Subscription(core_, [this, &st, target](detail::Core& c) {
+    {
+      std::lock_guard lock(c.mu);
+      auto next = st.targets.copy();
+      std::erase(next, target);
+      st.targets.replace(std::move(next));
+    }
+    (void)run_on(*target->inbox, [target] { target->fn = nullptr; }, /*wait=*/true);
+  });
+}
+
+template <class Req, class Rep, MessageOf<Req> R, class F>
+  requires std::invocable<F&, absl::StatusOr<Rep>>
+void Bus::request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout,
+                  F&& callback) {
+  auto deadline = Clock::now() + timeout;
+  detail::Producer& p = core_->producer();
+  if (p.own_inbox != nullptr) {
+    request_from(p, *p.own_inbox, endpoint, Req(std::forward<R>(req)), deadline,
+                 std::forward<F>(callback));
+    return;
+  }
+  // A plain thread has no inbox for the reply: make the request from an executor.
+  auto cb = std::make_shared<std::decay_t<F>>(std::forward<F>(callback));
+  absl::Status st = post(Placement{}, [this, &endpoint, req = Req(std::forward<R>(req)), deadline, cb]() mutable {
+    detail::Producer& ep = core_->producer();
+    request_from(ep, *ep.own_inbox, endpoint, std::move(req), deadline,
+                 [cb](absl::StatusOr<Rep> r) mutable { (*cb)(std::move(r)); });
+  });
+  if (!st.ok()) (*cb)(absl::StatusOr<Rep>(st));
+}
+
+template <class Req, class Rep, class F>
+void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<Req, Rep>& endpoint,
+                       Req&& req, Clock::time_point deadline, F&& callback) {
+  detail::Core& c = *core_;
+  using CB = std::decay_t<F>;
+  auto fail = [&](absl::Status s) {
+    // Never call back inside request(): post the failure to the caller's own inbox.
+    absl::Status posted = run_on(home, [cb = CB(std::forward<F>(callback)), s]() mutable {
+      cb(absl::StatusOr<Rep>(s));
+    }, /*wait=*/false);
+    (void)posted;  // refused only once the bus has stopped; the bus then reports nothing more
+  };
+  if (!c.enter(p)) {
+    if (c.state() == detail::State::kStopped) {
+      CB(std::forward<F>(callback))(absl::StatusOr<Rep>(detail::Core::stopped_status()));
+    } else {
+      fail(detail::Core::stopped_status());
+    }
+    return;
+  }
+  uint64_t corr = home.next_correlation();
+  absl::Status s = endpoint_state(endpoint).route(
+      p, detail::RequestEnvelope<Req, Rep>{std::move(req), corr, &home, nullptr, deadline});
+  c.leave(p);
+  if (!s.ok()) {
+    p.counters.add(endpoint.id(), detail::kFailed);
+    fail(std::move(s));
+    return;
+  }
+  p.counters.add(endpoint.id(), detail::kPublished);
+  home.add_pending(corr, endpoint.id(), deadline,
+                   [cb = CB(std::forward<F>(callback))](absl::Status st, void* rep) mutable {
+                     if (st.ok()) {
+                       cb(absl::StatusOr<Rep>(std::move(*static_cast<Rep*>(rep))));
+                     } else {
+                       cb(absl::StatusOr<Rep>(std::move(st)));
+                     }
+                   });
+}
+
+template <class Req, class Rep, MessageOf<Req> R>
+absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout) {
+  detail::Core& c = *core_;
+  detail::Producer& p = c.producer();
+  if (p.executor) {
+    return absl::FailedPreconditionError(
+        "bus: call() would block an executor; use request() with a callback");
+  }
+  auto deadline = Clock::now() + timeout;
+  auto waiter = std::make_shared<detail::Waiter<Rep>>();
+  if (!c.enter(p)) return detail::Core::stopped_status();
+  absl::Status s = endpoint_state(endpoint).route(
+      p, detail::RequestEnvelope<Req, Rep>{Req(std::forward<R>(req)), 0, nullptr, waiter, deadline});
+  c.leave(p);
+  if (!s.ok()) {
+    p.counters.add(endpoint.id(), detail::kFailed);
+    return s;
+  }
+  p.counters.add(endpoint.id(), detail::kPublished);
+  p.flush();  // inside a Batch the request would otherwise wait for the batch to end
+  using W = detail::Waiter<Rep>;
+  // pairs with the acq_rel exchange in Waiter::fulfil
+  while (waiter->state.load(std::memory_order_acquire) == W::kWaiting) {
+    auto left = deadline - Clock::now();
+    if (left <= Clock::duration::zero()) break;
+    detail::futex_wait(waiter->state, W::kWaiting,
+                       std::chrono::duration_cast<std::chrono::nanoseconds>(left));
+  }
+  if (waiter->state.exchange(W::kAbandoned, std::memory_order_acq_rel) == W::kDone) {
+    return std::move(*waiter->result);
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("bus: no reply from '", endpoint.name(), "' before the deadline"));
+}
+
+template <class S, class... A>
+Service<S> Bus::service(Placement where, A&&... args) {
+  auto state = std::make_shared<S>(std::forward<A>(args)...);
+  S* raw = state.get();
+  keep_service(std::move(state));
+  return Service<S>(this, raw, place(where));
+}
+
+template <class S, class... A>
+ServiceGroup<S> Bus::group(unsigned n, bool sharded, const A&... args) {
+  ServiceGroup<S> g;
+  g.sharded_ = sharded;
+  unsigned first = place(Placement{});
+  for (unsigned i = 0; i < n; ++i) {
+    g.members_.push_back(service<S>(on_executor((first + i) % executors()), args...));
+  }
+  return g;
+}
+template <class S, class... A>
+ServiceGroup<S> Bus::pool(unsigned n, const A&... args) {
+  return group<S>(n, false, args...);
+}
+template <class S, class... A>
+ServiceGroup<S> Bus::sharded(unsigned n, const A&... args) {
+  return group<S>(n, true, args...);
+}
+
+template <class F>
+absl::Status Bus::post_to(detail::Inbox& inbox, F&& fn) {
+  detail::Core& c = *core_;
+  detail::Producer& p = c.producer();
+  if (!c.enter(p)) return detail::Core::stopped_status();
+  using Fn = std::decay_t<F>;
+  absl::Status s = c.send<Fn>(p, inbox, &detail::ClosureTarget<Fn>::kTarget, Overflow::kBlock,
+                              UINT32_MAX, std::forward<F>(fn));
+  c.leave(p);
+  return s;
+}
+
+template <class F>
+absl::Status Bus::run_on(detail::Inbox& inbox, F&& fn, bool wait) {
+  detail::Producer& p = core_->producer();
+  if (!wait || &inbox == p.own_inbox || inbox.kind() == detail::Inbox::Kind::kExternal) {
+    return post_to(inbox, std::forward<F>(fn));
+  }
+  std::atomic<uint32_t> done{0};
+  absl::Status s = post_to(inbox, [&done, fn = std::forward<F>(fn)]() mutable {
+    fn();
+    done.store(1, std::memory_order_release);  // pairs with the acquire load below
+    detail::futex_wake_all(done);
+  });
+  if (!s.ok()) return s;
+  p.flush();
+  while (done.load(std::memory_order_acquire) == 0) {
+    if (p.executor) p.drain_backlog();  // what we wait for may sit in our own backlog
+    detail::futex_wait(done, 0, std::chrono::milliseconds(1));
+  }
+  return absl::OkStatus();
+}
+
+template <class F>
+  requires std::invocable<F&>
+absl::Status Bus::post(Placement where, F&& fn) {
+  return run_on(placed(where), std::forward<F>(fn), /*wait=*/false);
+}
+
+template <class F>
+  requires std::invocable<F&>
+TimerId Bus::after(Placement where, Clock::duration delay, F&& fn) {
+  detail::Inbox& in = placed(where);
+  uint64_t id = in.reserve_timer_id();
+  auto at = Clock::now() + delay;
+  absl::Status s = run_on(in, [&in, id, at, fn = std::forward<F>(fn)]() mutable {
+    in.add_timer(id, at, Clock::duration::zero(), std::move(fn), false);
+  }, /*wait=*/false);
+  return s.ok() ? TimerId{in.index(), id} : TimerId{};
+}
+
+template <class F>
+  requires std::invocable<F&>
+TimerId Bus::every(Placement where, Clock::duration period, F&& fn) {
+  detail::Inbox& in = placed(where);
+  uint64_t id = in.reserve_timer_id();
+  auto at = Clock::now() + period;
+  absl::Status s = run_on(in, [&in, id, at, period, fn = std::forward<F>(fn)]() mutable {
+    in.add_timer(id, at, period, std::move(fn), false);
+  }, /*wait=*/false);
+  return s.ok() ? TimerId{in.index(), id} : TimerId{};
+}
+
+}  // namespace bus

@@ -1,0 +1,259 @@
+// The bus's shared state: inboxes, executors, per-thread producers and the send primitive.
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/strings/str_cat.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bus/channel.hpp"
+#include "bus/detail/counters.hpp"
+#include "bus/detail/inbox.hpp"
+#include "bus/detail/record.hpp"
+#include "bus/detail/ring.hpp"
+#include "bus/options.hpp"
+
+namespace bus::detail {
+
+enum ProducerCounter : std::size_t { kPublished, kDropped, kFailed, kProducerCounters };
+enum class State : int { kRunning, kDraining, kStopped };
+
+/// One thread's sending side for one bus: its rings (one per inbox it has sent to), the rings
+/// waiting to be published, its counters, and (executors only) the records held back while a
+/// destination ring is full.
+struct Producer {
+  Producer(Core& c, std::weak_ptr<Core> w, Inbox* own, bool is_executor)
+      : core(c), weak(std::move(w)), own_inbox(own), executor(is_executor) {}
+
+  Core& core;
+  std::weak_ptr<Core> weak;
+  uint64_t uid = 0;
+  Inbox* own_inbox;  // the inbox this thread drains, if any
+  const bool executor;
+  std::vector<std::shared_ptr<Ring>> rings;  // by destination inbox index
+  std::vector<Ring*> unpublished;
+  int batch_depth = 0;
+  std::vector<uint32_t> round_robin;  // per channel id
+  CounterTable<kProducerCounters> counters;
+
+  struct Held {
+    Ring* ring;
+    std::unique_ptr<uint64_t[]> record;
+  };
+  std::deque<Held> backlog;
+  std::atomic<uint64_t> backlog_size{0};  // read by stop()
+
+  // Set while a plain thread is inside publish (or a Batch); stop() waits for it to clear.
+  alignas(kCacheLine) std::atomic<uint32_t> active{0};
+
+  Ring& ring_to(Inbox& dest);
+  /// Publishes every ring written since the last flush and wakes their consumers.
+  void flush();
+  /// Moves held records into their rings as room appears. Returns how many moved.
+  std::size_t drain_backlog();
+  /// Flags the rings this executor's backlog waits on, so their consumers wake it.
+  void want_room();
+  uint32_t next_round_robin(uint32_t channel) {
+    if (channel >= round_robin.size()) round_robin.resize(channel + 1, 0);
+    return round_robin[channel]++;
+  }
+};
+
+/// Chunked table of per-channel state, read without a lock on the hot path.
+class ChannelState {
+ public:
+  virtual ~ChannelState() = default;
+};
+
+class Core {
+ public:
+  Core(const Options& options, uint64_t uid);
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+  ~Core();
+
+  /// Starts the executor threads; `self` is the owning shared_ptr (for producers' weak refs).
+  void start(const std::shared_ptr<Core>& self);
+  absl::Status stop();
+
+  const Options& options() const { return options_; }
+  uint64_t uid() const { return uid_; }
+  State state() const { return state_.load(std::memory_order_relaxed); }
+  unsigned executor_count() const { return static_cast<unsigned>(executors_.size()); }
+  Inbox& executor(unsigned i) { return *executors_[i]; }
+  unsigned next_placement() { return placement_.fetch_add(1, std::memory_order_relaxed) % executor_count(); }
+
+  /// A new inbox owned by an external event loop (woken through an eventfd).
+  Inbox& create_external_inbox();
+  void close_external_inbox(Inbox& inbox);
+
+  /// This thread's producer for this bus (created on first use).
+  Producer& producer() {
+    if (tls_uid_ == uid_) return *tls_producer_;
+    return producer_slow();
+  }
+  /// Makes `inbox` the one this thread drains (its replies and callbacks land there).
+  void bind_thread(Inbox& inbox);
+  Ring& new_ring(Producer& p, Inbox& dest);
+
+  /// Plain threads: announce a publish so stop() can wait for it. Returns false if stopping.
+  bool enter(Producer& p) {
+    if (p.executor) return state() != State::kStopped;
+    if (p.batch_depth > 0) return true;  // the Batch entered already
+    p.active.store(1, std::memory_order_relaxed);
+    light_barrier();  // pairs with heavy_barrier() in stop(): we see its state or it sees us
+    if (state() != State::kRunning) {
+      p.active.store(0, std::memory_order_release);
+      return false;
+    }
+    return true;
+  }
+  void leave(Producer& p) {
+    if (!p.executor && p.batch_depth == 0) p.active.store(0, std::memory_order_release);
+  }
+  static absl::Status stopped_status() {
+    return absl::UnavailableError("bus: stopped; it takes no more messages");
+  }
+
+  /// Builds a record for `target` in `dest`'s ring from this producer. The one send primitive.
+  template <class P, class... A>
+  absl::Status send(Producer& p, Inbox& dest, Target* target, Overflow policy, uint32_t channel,
+                    A&&... args);
+
+  template <class S, class Make>
+  S& channel_state(uint32_t id, Make&& make) {
+    auto& chunk = channel_chunks_[id / kStatesPerChunk];
+    // pairs with the release store in install_state()
+    StateChunk* c = chunk.load(std::memory_order_acquire);
+    if (c) {
+      ChannelState* s = (*c)[id % kStatesPerChunk].load(std::memory_order_acquire);
+      if (s) return static_cast<S&>(*s);
+    }
+    return static_cast<S&>(install_state(id, [&] { return std::unique_ptr<ChannelState>(make()); }));
+  }
+  ChannelState* find_state(uint32_t id) const {
+    StateChunk* c = channel_chunks_[id / kStatesPerChunk].load(std::memory_order_acquire);
+    return c ? (*c)[id % kStatesPerChunk].load(std::memory_order_acquire) : nullptr;
+  }
+
+  /// Logs `what` for (channel, kind) the first time only.
+  void log_once(uint32_t channel, std::string_view kind, const std::string& what);
+
+  std::mutex mu;  // guards what follows and every slow path (registration, snapshots)
+  std::vector<Producer*> producers;           // live
+  std::vector<std::shared_ptr<Ring>> rings;   // every ring, for stats and stop()
+  std::vector<std::unique_ptr<Inbox>> inboxes;  // executors first, then external
+  CounterTable<kProducerCounters> retired_counts;  // producers whose threads exited
+  void retire_producer(Producer& p);  // under mu
+  std::atomic<uint64_t> records_held_total{0};
+
+ private:
+  friend struct ThreadProducers;
+  Producer& producer_slow();
+  ChannelState& install_state(uint32_t id, const std::function<std::unique_ptr<ChannelState>()>& make);
+  void run_executor(Inbox& inbox, unsigned index);
+  bool quiescent();
+
+  static constexpr std::size_t kStatesPerChunk = 256;
+  using StateChunk = std::array<std::atomic<ChannelState*>, kStatesPerChunk>;
+
+  const Options options_;
+  const uint64_t uid_;
+  std::weak_ptr<Core> self_;
+  std::atomic<State> state_{State::kRunning};
+  std::atomic<unsigned> placement_{0};
+  std::vector<Inbox*> executors_;
+  std::vector<std::thread> threads_;
+  std::mutex stop_mu_;
+  bool stopped_ = false;
+  std::array<std::atomic<StateChunk*>, 256> channel_chunks_{};
+  std::vector<std::unique_ptr<ChannelState>> states_;
+  std::vector<std::string> logged_;
+  std::vector<uint64_t> last_started_;  // ticks_started seen by the last quiescent wave
+
+  static thread_local uint64_t tls_uid_;
+  static thread_local Producer* tls_producer_;
+};
+
+std::size_t ring_words_for(std::size_t bytes);
+
+template <class P, class... A>
+absl::Status Core::send(Producer& p, Inbox& dest, Target* target, Overflow policy,
+                        uint32_t channel, A&&... args) {
+  constexpr uint32_t kWords = Payload<P>::kWords;
+  Ring& r = p.ring_to(dest);
+  uint64_t* w = r.held == 0 ? r.try_reserve(kWords) : nullptr;
+  if (__builtin_expect(w == nullptr, 0)) {
+    // Full. Records this thread built but did not publish yet count as taken room: publish
+    // them so the consumer can free it.
+    if (r.publish()) {
+      light_barrier();
+      dest.notify();
+      if (r.held == 0) w = r.try_reserve(kWords);
+    }
+  }
+  if (__builtin_expect(w == nullptr, 0)) {
+    switch (policy) {
+      case Overflow::kDropNewest:
+        p.counters.add(channel, kDropped);
+        return absl::OkStatus();
+      case Overflow::kFail:
+        p.counters.add(channel, kFailed);
+        return absl::ResourceExhaustedError(
+            absl::StrCat("bus: ring to inbox ", dest.index(), " is full (channel '",
+                         channel_info(channel).name, "', overflow policy: fail)"));
+      case Overflow::kBlock:
+        break;
+    }
+    if (p.executor) {
+      // An executor never blocks: it holds the record back, in order, up to a bound.
+      if (p.backlog.size() >= options_.executor_backlog()) {
+        p.counters.add(channel, kFailed);
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "bus: executor backlog full (", p.backlog.size(), " records held while rings are full; "
+            "raise Options::executor_backlog or slow the producer) on channel '",
+            channel_info(channel).name, "'"));
+      }
+      auto rec = std::make_unique<uint64_t[]>(kWords);
+      rec[0] = reinterpret_cast<uint64_t>(target);
+      Payload<P>::construct(rec.get() + 1, std::forward<A>(args)...);
+      p.backlog.push_back(Producer::Held{&r, std::move(rec)});
+      ++r.held;
+      p.backlog_size.store(p.backlog.size(), std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+    // A plain thread waits for room: spin briefly, then park until the consumer releases.
+    for (int spin = 0; spin < 4096 && !r.has_room(kWords); ++spin) cpu_relax();
+    while (!r.has_room(kWords)) {
+      r.producer_waiting.store(1, std::memory_order_relaxed);
+      heavy_barrier();  // pairs with the consumer's light_barrier() after release()
+      if (r.has_room(kWords)) break;
+      futex_wait(r.producer_waiting, 1, std::chrono::milliseconds(100));
+    }
+    r.producer_waiting.store(0, std::memory_order_relaxed);
+    w = r.try_reserve(kWords);
+  }
+  w[0] = reinterpret_cast<uint64_t>(target);
+  Payload<P>::construct(w + 1, std::forward<A>(args)...);
+  r.commit(kWords);
+  if (p.batch_depth == 0 && !p.executor) {
+    r.publish();
+    light_barrier();  // pairs with heavy_barrier() in Inbox::park()
+    dest.notify();
+  } else if (!r.queued_for_flush) {
+    r.queued_for_flush = true;
+    p.unpublished.push_back(&r);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bus::detail

@@ -1,0 +1,161 @@
+// The receiving end of a thread: its rings, its timers and its pending requests.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/functional/any_invocable.h>
+#include <absl/status/status.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "bus/detail/counters.hpp"
+#include "bus/detail/record.hpp"
+#include "bus/detail/ring.hpp"
+#include "bus/detail/sync.hpp"
+
+namespace bus::detail {
+
+class Core;
+using Clock = std::chrono::steady_clock;
+
+/// Counters an inbox keeps per channel (its thread is their only writer).
+enum InboxCounter : std::size_t {
+  kDelivered,     // handler invocations that returned
+  kHandlerFailed, // handler invocations that threw
+  kLateReplies,   // replies that came after their deadline (or for a cancelled request)
+  kExpired,       // requests whose deadline passed before a handler could run
+  kUnrouted,      // queue messages whose consumer went away with no other to take them
+  kInboxCounters
+};
+
+/// A thread's inbox: one ring per producing thread, created lazily by the producer. Executors
+/// own one; an external event loop can own one too (`ExternalInbox`), woken through an eventfd.
+/// Everything below "owner thread" is touched by the owning thread only.
+class Inbox {
+ public:
+  enum class Kind : uint8_t { kExecutor, kExternal };
+
+  Inbox(Core& core, uint32_t index, Kind kind);
+  Inbox(const Inbox&) = delete;
+  Inbox& operator=(const Inbox&) = delete;
+  ~Inbox();
+
+  Core& core() const { return core_; }
+  uint32_t index() const { return index_; }
+  Kind kind() const { return kind_; }
+
+  // ---- any thread ----------------------------------------------------------------------------
+
+  /// Hands a new ring to the owner (lock-free push; the owner adopts it on its next pass).
+  void add_ring(std::shared_ptr<Ring> ring);
+  /// Called by a producer after light_barrier(): wakes the owner if it is parked.
+  void notify() {
+    if (sleeping_.load(std::memory_order_relaxed) != 0) wake();
+  }
+  void wake();
+  /// The eventfd an external loop polls (-1 for executors).
+  int eventfd() const { return eventfd_; }
+
+  // ---- owner thread --------------------------------------------------------------------------
+
+  /// Runs what is ready: records (in batches per ring) and due timers. Returns how much ran.
+  /// `plain_rings` false skips rings fed by plain threads (back-pressure while holding a backlog).
+  std::size_t run_once(bool plain_rings = true);
+  /// True when a record is waiting in some ring or a timer is due.
+  bool ready();
+  /// Parks until woken or until the next timer; `extra_ready` is re-checked after announcing sleep.
+  template <class F>
+  void park(F&& extra_ready) {
+    sleeping_.store(1, std::memory_order_relaxed);
+    heavy_barrier();  // pairs with the producers' light_barrier() before notify()
+    if (!ready() && !extra_ready()) {
+      auto next = next_timer();
+      auto timeout = next ? std::max(*next - Clock::now(), Clock::duration::zero())
+                          : Clock::duration(-1);
+      if (timeout != Clock::duration::zero()) {
+        futex_wait(sleeping_, 1, std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
+      }
+    }
+    sleeping_.store(0, std::memory_order_relaxed);
+  }
+
+  /// External inboxes: around one drain() of the owning loop. After `end_drain` producers write
+  /// the eventfd again; if work slipped in meanwhile, it writes the eventfd itself.
+  void begin_drain() { sleeping_.store(0, std::memory_order_relaxed); }
+  void end_drain() {
+    sleeping_.store(1, std::memory_order_relaxed);
+    heavy_barrier();  // pairs with the producers' light_barrier() before notify()
+    if (ready()) wake();
+  }
+
+  using TimerFn = absl::AnyInvocable<void()>;
+  /// Timers. `essential` timers (request deadlines) keep firing while the bus drains at stop;
+  /// the others are cancelled when stop() begins. Returns 0 when the bus no longer takes timers.
+  /// Ids come from any thread (a timer can be named before the closure adding it arrives).
+  uint64_t reserve_timer_id() { return last_timer_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  bool add_timer(uint64_t id, Clock::time_point at, Clock::duration period, TimerFn fn,
+                 bool essential);
+  bool cancel_timer(uint64_t id);
+  std::optional<Clock::time_point> next_timer() const;
+  std::size_t run_due_timers();
+  void drop_user_timers();
+
+  // Requests this inbox is waiting on.
+  using CompleteFn = absl::AnyInvocable<void(absl::Status, void* reply)>;
+  uint64_t next_correlation() { return ++last_correlation_; }
+  void add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline, CompleteFn fn);
+  /// A reply arrived: runs the callback, or counts a late reply when none is pending.
+  void complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply);
+  std::size_t pending_count() const { return pending_.size(); }
+  void cancel_all_pending(const absl::Status& why);
+
+  CounterTable<kInboxCounters> counters;
+  // Quiescence at stop(): a timer callback runs between these two increments (see Core::stop).
+  std::atomic<uint64_t> ticks_started{0};
+  std::atomic<uint64_t> ticks_done{0};
+  std::atomic<uint64_t> records_run{0};
+
+ private:
+  struct Node {
+    std::shared_ptr<Ring> ring;
+    Node* next;
+  };
+  struct Timer {
+    TimerFn fn;
+    Clock::duration period;
+    bool essential;
+  };
+  struct Pending {
+    CompleteFn fn;
+    uint64_t timer;
+    uint32_t channel;
+  };
+
+  void adopt_rings();
+  std::size_t drain_ring(Ring& ring);
+  void invoke(uint64_t* record);
+
+  Core& core_;
+  const uint32_t index_;
+  const Kind kind_;
+  int eventfd_ = -1;
+
+  alignas(kCacheLine) std::atomic<uint32_t> sleeping_{0};  // futex word: 1 while parked
+  alignas(kCacheLine) std::atomic<Node*> incoming_{nullptr};
+  std::atomic<uint64_t> last_timer_{0};
+
+  alignas(kCacheLine) std::vector<std::shared_ptr<Ring>> rings_;
+  std::map<std::pair<Clock::time_point, uint64_t>, Timer> timers_;
+  absl::flat_hash_map<uint64_t, Clock::time_point> timer_at_;
+  uint64_t firing_ = 0;          // id of the periodic timer being run
+  bool firing_cancelled_ = false;
+  absl::flat_hash_map<uint64_t, Pending> pending_;
+  uint64_t last_correlation_ = 0;
+};
+
+}  // namespace bus::detail

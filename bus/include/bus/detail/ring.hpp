@@ -1,0 +1,152 @@
+// A bounded single-producer single-consumer ring of 8-byte words holding variable-size records.
+#pragma once
+
+#include <atomic>
+#include <cassert>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+
+namespace bus::detail {
+
+class Inbox;
+
+inline constexpr std::size_t kCacheLine = 64;
+
+/// One producing thread -> one inbox. A record is `[header word][payload words...]`; a header of
+/// zero marks the rest of the buffer as skipped so that a record never wraps around. The producer
+/// builds records in place (`try_reserve` + `commit`) and makes them visible with `publish`, so a
+/// batch of records costs one release store.
+class Ring {
+ public:
+  Ring(std::size_t capacity_words, Inbox* consumer, Inbox* producer_inbox)
+      : buf_(static_cast<uint64_t*>(std::aligned_alloc(kCacheLine, capacity_words * 8))),
+        mask_(capacity_words - 1),
+        consumer_(consumer),
+        producer_inbox_(producer_inbox) {
+    assert(capacity_words >= 64 && (capacity_words & mask_) == 0 && "capacity: a power of two");
+    if (buf_ == nullptr) throw std::bad_alloc();
+  }
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+  ~Ring() { std::free(buf_); }
+
+  std::size_t capacity() const { return mask_ + 1; }
+  Inbox* consumer() const { return consumer_; }
+  /// The inbox of the producing thread when it is an executor or external inbox, else null.
+  Inbox* producer_inbox() const { return producer_inbox_; }
+
+  // ---- producer side -------------------------------------------------------------------------
+
+  /// `words` contiguous words, or null when the ring has no room for them.
+  uint64_t* try_reserve(uint32_t words) {
+    uint64_t pos = write_ & mask_;
+    uint64_t contiguous = capacity() - pos;
+    uint64_t need = words <= contiguous ? words : contiguous + words;
+    if (write_ + need - head_cache_ > capacity()) {
+      // (1) pairs with (4): the consumer is done with every word below its head.
+      head_cache_ = head_.load(std::memory_order_acquire);
+      if (write_ + need - head_cache_ > capacity()) return nullptr;
+    }
+    if (words > contiguous) {
+      buf_[pos] = 0;  // wrap marker: the consumer skips to the start
+      write_ += contiguous;
+      pos = 0;
+    }
+    return buf_ + pos;
+  }
+  void commit(uint32_t words) { write_ += words; }
+  /// Makes committed records visible. Returns false when there was nothing new.
+  bool publish() {
+    if (write_ == published_) return false;
+    published_ = write_;
+    // (2) pairs with (3): the records below the tail are fully built.
+    tail_.store(write_, std::memory_order_release);
+    return true;
+  }
+  bool has_unpublished() const { return write_ != published_; }
+  bool has_room(uint32_t words) {
+    head_cache_ = head_.load(std::memory_order_acquire);  // pairs with (4)
+    uint64_t pos = write_ & mask_;
+    uint64_t contiguous = capacity() - pos;
+    uint64_t need = words <= contiguous ? words : contiguous + words;
+    return write_ + need - head_cache_ <= capacity();
+  }
+
+  // ---- consumer side -------------------------------------------------------------------------
+
+  /// Runs `f(record)` on up to `max` records; `f` returns the record's size in words. The head is
+  /// not advanced: call `release()` once the records' effects (their sends) are published.
+  template <class F>
+  std::size_t consume(std::size_t max, F&& f) {
+    std::size_t n = 0;
+    while (n < max) {
+      if (read_ == tail_cache_) {
+        // (3) pairs with (2).
+        tail_cache_ = tail_.load(std::memory_order_acquire);
+        if (read_ == tail_cache_) break;
+      }
+      uint64_t pos = read_ & mask_;
+      if (buf_[pos] == 0) {
+        read_ += capacity() - pos;
+        continue;
+      }
+      read_ += f(buf_ + pos);
+      ++n;
+    }
+    return n;
+  }
+  /// Publishes the head; returns true when it moved.
+  bool release() {
+    if (read_ == released_) return false;
+    released_ = read_;
+    // (4) pairs with (1): the words below the head may be reused.
+    head_.store(read_, std::memory_order_release);
+    return true;
+  }
+  bool empty_for_consumer() {
+    if (read_ != tail_cache_) return false;
+    tail_cache_ = tail_.load(std::memory_order_acquire);  // pairs with (2)
+    return read_ == tail_cache_;
+  }
+
+  // ---- any thread (stats, shutdown) ----------------------------------------------------------
+  uint64_t head() const { return head_.load(std::memory_order_seq_cst); }
+  uint64_t tail() const { return tail_.load(std::memory_order_seq_cst); }
+  std::size_t depth_words() const {
+    uint64_t t = tail_.load(std::memory_order_relaxed);
+    uint64_t h = head_.load(std::memory_order_relaxed);
+    return t > h ? static_cast<std::size_t>(t - h) : 0;
+  }
+
+  /// Set by the producer (1) when it waits for room; the consumer wakes it after releasing.
+  std::atomic<uint32_t> producer_waiting{0};
+  /// Set when the producing thread has exited; the consumer frees the ring once it is empty.
+  std::atomic<bool> retired{false};
+
+  // Producer-thread bookkeeping (never read by the consumer).
+  bool queued_for_flush = false;  // in the producer's list of rings to publish
+  uint32_t held = 0;              // records of this ring in the producer's backlog
+
+ private:
+  // Producer line: written by the producer only, so it never bounces to the consumer's core.
+  alignas(kCacheLine) std::atomic<uint64_t> tail_{0};
+  uint64_t write_ = 0;      // next word the producer writes (committed, maybe unpublished)
+  uint64_t published_ = 0;  // last value stored to tail_
+  uint64_t head_cache_ = 0; // producer's view of head_: refreshed only when the ring looks full
+
+  // Consumer line.
+  alignas(kCacheLine) std::atomic<uint64_t> head_{0};
+  uint64_t read_ = 0;
+  uint64_t released_ = 0;
+  uint64_t tail_cache_ = 0; // consumer's view of tail_: refreshed only when it looks empty
+
+  // Read-only after construction.
+  alignas(kCacheLine) uint64_t* const buf_;
+  const uint64_t mask_;
+  Inbox* const consumer_;
+  Inbox* const producer_inbox_;
+};
+
+}  // namespace bus::detail

@@ -1,0 +1,298 @@
+// Per-channel state and the targets records are addressed to.
+#pragma once
+
+#include <absl/functional/any_invocable.h>
+#include <absl/hash/hash.h>
+#include <absl/status/statusor.h>
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "bus/detail/core.hpp"
+
+namespace bus::detail {
+
+std::string describe_exception(std::exception_ptr e);
+
+/// Destroys a record's payload when the invoke that consumes it ends, however it ends.
+template <class P>
+struct PayloadGuard {
+  void* at;
+  ~PayloadGuard() { Payload<P>::destroy(at); }
+};
+
+/// An immutable snapshot of a channel's targets. Publishers read it without a lock; a change
+/// installs a new one and keeps the old until the bus goes (they are few: see README).
+template <class Tgt>
+struct TargetList {
+  std::vector<Tgt*> targets;
+};
+
+template <class Tgt>
+class Targets {
+ public:
+  const TargetList<Tgt>* load() const {
+    return current_.load(std::memory_order_acquire);  // pairs with the release in replace()
+  }
+  /// Under Core::mu.
+  void replace(std::vector<Tgt*> next) {
+    auto list = std::make_unique<TargetList<Tgt>>();
+    list->targets = std::move(next);
+    current_.store(list.get(), std::memory_order_release);
+    lists_.push_back(std::move(list));
+  }
+  std::vector<Tgt*> copy() const {
+    auto* l = load();
+    return l ? l->targets : std::vector<Tgt*>{};
+  }
+  std::vector<std::unique_ptr<Tgt>> owned;  // under Core::mu; live as long as the bus
+
+ private:
+  std::atomic<const TargetList<Tgt>*> current_{nullptr};
+  std::vector<std::unique_ptr<TargetList<Tgt>>> lists_;
+};
+
+// ---- topics ----------------------------------------------------------------------------------
+
+/// The subscribers of one topic on one inbox. The message is copied once per inbox and shared
+/// by that inbox's subscribers.
+template <class T>
+struct TopicTarget : Target {
+  TopicTarget(uint32_t ch, Inbox& in) : Target{&run, &Payload<T>::kOps}, channel(ch), inbox(&in) {}
+
+  struct Sub {
+    uint64_t id;
+    absl::AnyInvocable<void(const T&)> fn;
+  };
+  const uint32_t channel;
+  Inbox* const inbox;
+  std::atomic<int> live{0};  // subscriptions; publishers skip the target at zero
+  std::vector<Sub> subs;     // owner thread only (changed by posted closures)
+
+  static void run(Target* self, void* payload, Inbox& in) {
+    auto* t = static_cast<TopicTarget*>(self);
+    PayloadGuard<T> guard{payload};
+    const T& msg = *Payload<T>::get(payload);
+    for (auto& s : t->subs) {
+      try {
+        s.fn(msg);
+        in.counters.add(t->channel, kDelivered);
+      } catch (...) {
+        in.counters.add(t->channel, kHandlerFailed);
+        in.core().log_once(t->channel, "handler",
+                           "subscriber threw: " + describe_exception(std::current_exception()));
+      }
+    }
+  }
+};
+
+template <class T>
+struct TopicState : ChannelState {
+  Targets<TopicTarget<T>> targets;
+  uint64_t last_sub = 0;  // under Core::mu
+};
+
+// ---- queues and endpoints: one consumer per message --------------------------------------------
+
+/// Routes a message to one of a channel's consumers. Key routing uses the key's hash modulo the
+/// consumer count; otherwise the producing thread's own round-robin counter (no shared write).
+template <class Tgt, class T>
+Tgt* pick(Producer& p, const TargetList<Tgt>* list, uint32_t channel, KeyFn<T> key, const T& msg) {
+  if (list == nullptr || list->targets.empty()) return nullptr;
+  std::size_t n = list->targets.size();
+  std::size_t i = key ? absl::HashOf(key(msg)) % n : p.next_round_robin(channel) % n;
+  return list->targets[i];
+}
+
+template <class T>
+struct QueueState;
+
+/// One consumer of a queue.
+template <class T>
+struct QueueTarget : Target {
+  QueueTarget(uint32_t ch, Inbox& in, QueueState<T>& st, absl::AnyInvocable<void(T&&)> f)
+      : Target{&run, &Payload<T>::kOps}, channel(ch), inbox(&in), state(&st), fn(std::move(f)) {}
+  const uint32_t channel;
+  Inbox* const inbox;
+  QueueState<T>* const state;
+  absl::AnyInvocable<void(T&&)> fn;  // owner thread; empty once the consumer is removed
+
+  static void run(Target* self, void* payload, Inbox& in);
+};
+
+template <class T>
+struct QueueState : ChannelState {
+  QueueState(uint32_t ch, KeyFn<T> k, Overflow o) : channel(ch), key(k), overflow(o) {}
+  const uint32_t channel;
+  const KeyFn<T> key;
+  const Overflow overflow;
+  Targets<QueueTarget<T>> targets;
+
+  absl::Status route(Producer& p, T&& msg) {
+    QueueTarget<T>* t = pick(p, targets.load(), channel, key, static_cast<const T&>(msg));
+    if (t == nullptr) {
+      p.counters.add(channel, kFailed);
+      return absl::UnavailableError(
+          absl::StrCat("bus: no consumer for queue '", channel_info(channel).name, "'"));
+    }
+    return p.core.send<T>(p, *t->inbox, t, overflow, channel, std::move(msg));
+  }
+};
+
+template <class T>
+void QueueTarget<T>::run(Target* self, void* payload, Inbox& in) {
+  auto* t = static_cast<QueueTarget*>(self);
+  PayloadGuard<T> guard{payload};
+  T& msg = *Payload<T>::get(payload);
+  if (!t->fn) {
+    // This consumer was removed while the message was on its way: hand it to another one.
+    Producer& p = in.core().producer();
+    if (!t->state->route(p, std::move(msg)).ok()) {
+      in.counters.add(t->channel, kUnrouted);
+      in.core().log_once(t->channel, "unrouted", "consumer removed and no other consumer left");
+    }
+    return;
+  }
+  try {
+    t->fn(std::move(msg));
+    in.counters.add(t->channel, kDelivered);
+  } catch (...) {
+    in.counters.add(t->channel, kHandlerFailed);
+    in.core().log_once(t->channel, "handler",
+                       "consumer threw: " + describe_exception(std::current_exception()));
+  }
+}
+
+// ---- request / reply -------------------------------------------------------------------------
+
+/// Where a plain thread blocked in call() waits for its reply.
+template <class Rep>
+struct Waiter {
+  enum : uint32_t { kWaiting, kDone, kAbandoned };
+  std::atomic<uint32_t> state{kWaiting};
+  std::optional<absl::StatusOr<Rep>> result;
+  /// Server side. False when the caller gave up first (a late reply).
+  bool fulfil(absl::StatusOr<Rep> r) {
+    result.emplace(std::move(r));
+    // pairs with the acquire exchange/load on the caller's side
+    if (state.exchange(kDone, std::memory_order_acq_rel) == kAbandoned) return false;
+    futex_wake_all(state);
+    return true;
+  }
+};
+
+template <class Req, class Rep>
+struct RequestEnvelope {
+  Req request;
+  uint64_t correlation;
+  Inbox* reply_to;                      // null when a plain thread waits in call()
+  std::shared_ptr<Waiter<Rep>> waiter;  // set when reply_to is null
+  Clock::time_point deadline;
+};
+
+template <class Rep>
+struct ReplyEnvelope {
+  absl::StatusOr<Rep> result;
+  uint64_t correlation;
+  uint32_t channel;
+
+  static void run(Target*, void* payload, Inbox& in) {
+    PayloadGuard<ReplyEnvelope> guard{payload};
+    auto* env = Payload<ReplyEnvelope>::get(payload);
+    if (env->result.ok()) {
+      in.complete(env->correlation, env->channel, absl::OkStatus(), &env->result.value());
+    } else {
+      in.complete(env->correlation, env->channel, env->result.status(), nullptr);
+    }
+  }
+  static inline Target kTarget{&run, &Payload<ReplyEnvelope>::kOps};
+};
+
+template <class Req, class Rep>
+struct EndpointState;
+
+/// One server of an endpoint.
+template <class Req, class Rep>
+struct EndpointTarget : Target {
+  using Envelope = RequestEnvelope<Req, Rep>;
+  using Handler = absl::AnyInvocable<absl::StatusOr<Rep>(Req&&)>;
+  EndpointTarget(uint32_t ch, Inbox& in, EndpointState<Req, Rep>& st, Handler f)
+      : Target{&run, &Payload<Envelope>::kOps}, channel(ch), inbox(&in), state(&st), fn(std::move(f)) {}
+  const uint32_t channel;
+  Inbox* const inbox;
+  EndpointState<Req, Rep>* const state;
+  Handler fn;
+
+  static void run(Target* self, void* payload, Inbox& in);
+};
+
+template <class Req, class Rep>
+struct EndpointState : ChannelState {
+  using Envelope = RequestEnvelope<Req, Rep>;
+  EndpointState(uint32_t ch, KeyFn<Req> k, Overflow o) : channel(ch), key(k), overflow(o) {}
+  const uint32_t channel;
+  const KeyFn<Req> key;
+  const Overflow overflow;
+  Targets<EndpointTarget<Req, Rep>> targets;
+
+  absl::Status route(Producer& p, Envelope&& env) {
+    auto* t = pick(p, targets.load(), channel, key, static_cast<const Req&>(env.request));
+    if (t == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("bus: no handler serves endpoint '", channel_info(channel).name, "'"));
+    }
+    return p.core.send<Envelope>(p, *t->inbox, t, overflow, channel, std::move(env));
+  }
+
+  /// Sends the result back to whoever asked. Runs on the server's executor.
+  void reply(Inbox& in, Envelope& env, absl::StatusOr<Rep> result) {
+    if (env.reply_to == nullptr) {
+      if (!env.waiter->fulfil(std::move(result))) in.counters.add(channel, kLateReplies);
+      return;
+    }
+    Producer& p = in.core().producer();
+    (void)p.core.send<ReplyEnvelope<Rep>>(p, *env.reply_to, &ReplyEnvelope<Rep>::kTarget,
+                                          Overflow::kBlock, channel, std::move(result),
+                                          env.correlation, channel);
+  }
+};
+
+template <class Req, class Rep>
+void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
+  auto* t = static_cast<EndpointTarget*>(self);
+  PayloadGuard<Envelope> guard{payload};
+  Envelope& env = *Payload<Envelope>::get(payload);
+  if (!t->fn) {
+    Producer& p = in.core().producer();
+    if (absl::Status s = t->state->route(p, std::move(env)); !s.ok()) {
+      in.counters.add(t->channel, kUnrouted);
+      t->state->reply(in, env, std::move(s));
+    }
+    return;
+  }
+  if (Clock::now() > env.deadline) {
+    // The caller has given up (or is about to): do not spend the handler on it.
+    in.counters.add(t->channel, kExpired);
+    t->state->reply(in, env, absl::DeadlineExceededError(absl::StrCat(
+                                 "bus: request to '", channel_info(t->channel).name,
+                                 "' expired before a handler ran")));
+    return;
+  }
+  absl::StatusOr<Rep> result;
+  try {
+    result = t->fn(std::move(env.request));
+    in.counters.add(t->channel, kDelivered);
+  } catch (...) {
+    in.counters.add(t->channel, kHandlerFailed);
+    result = absl::InternalError(absl::StrCat("bus: handler of '", channel_info(t->channel).name,
+                                              "' threw: ",
+                                              describe_exception(std::current_exception())));
+  }
+  t->state->reply(in, env, std::move(result));
+}
+
+}  // namespace bus::detail

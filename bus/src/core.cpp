@@ -1,0 +1,373 @@
+#include "bus/detail/core.hpp"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <exception>
+
+#include "bus/detail/targets.hpp"
+
+namespace bus::detail {
+
+thread_local uint64_t Core::tls_uid_ = 0;
+thread_local Producer* Core::tls_producer_ = nullptr;
+
+std::string describe_exception(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(std::move(e));
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "a non-std::exception";
+  }
+}
+
+std::size_t ring_words_for(std::size_t bytes) {
+  return std::bit_ceil(std::max<std::size_t>(bytes / 8, 64));
+}
+
+// ---- the thread's producers --------------------------------------------------------------------
+
+/// The producers of one thread, one per bus it has used. Retired when the thread exits.
+struct ThreadProducers {
+  std::vector<std::unique_ptr<Producer>> list;
+  ~ThreadProducers() {
+    Core::tls_uid_ = 0;
+    Core::tls_producer_ = nullptr;
+    for (auto& p : list) {
+      if (auto core = p->weak.lock()) {
+        std::lock_guard lock(core->mu);
+        core->retire_producer(*p);
+      }
+    }
+  }
+};
+
+namespace {
+thread_local ThreadProducers t_producers;
+}
+
+Producer& Core::producer_slow() {
+  auto& list = t_producers.list;
+  // Forget producers of buses that are gone.
+  std::erase_if(list, [](const std::unique_ptr<Producer>& p) { return p->weak.expired(); });
+  for (auto& p : list) {
+    if (&p->core == this && p->uid == uid_) {
+      tls_uid_ = uid_;
+      tls_producer_ = p.get();
+      return *p;
+    }
+  }
+  auto p = std::make_unique<Producer>(*this, self_, nullptr, false);
+  p->uid = uid_;
+  {
+    std::lock_guard lock(mu);
+    producers.push_back(p.get());
+  }
+  list.push_back(std::move(p));
+  tls_uid_ = uid_;
+  tls_producer_ = list.back().get();
+  return *tls_producer_;
+}
+
+void Core::bind_thread(Inbox& inbox) { producer().own_inbox = &inbox; }
+
+Ring& Producer::ring_to(Inbox& dest) {
+  uint32_t i = dest.index();
+  if (i < rings.size() && rings[i]) return *rings[i];
+  return core.new_ring(*this, dest);
+}
+
+Ring& Core::new_ring(Producer& p, Inbox& dest) {
+  auto ring = std::make_shared<Ring>(ring_words_for(options_.ring_bytes()), &dest,
+                                     p.executor ? p.own_inbox : nullptr);
+  {
+    std::lock_guard lock(mu);
+    rings.push_back(ring);
+  }
+  if (p.rings.size() <= dest.index()) p.rings.resize(dest.index() + 1);
+  p.rings[dest.index()] = ring;
+  dest.add_ring(ring);
+  return *ring;
+}
+
+void Producer::flush() {
+  if (unpublished.empty()) return;
+  bool any = false;
+  for (Ring* r : unpublished) any |= r->publish();
+  if (any) light_barrier();  // pairs with heavy_barrier() in Inbox::park()
+  for (Ring* r : unpublished) {
+    r->queued_for_flush = false;
+    r->consumer()->notify();
+  }
+  unpublished.clear();
+}
+
+std::size_t Producer::drain_backlog() {
+  std::size_t moved = 0;
+  std::vector<Ring*> full;  // a ring stays full for this pass: keep its later records in order
+  for (auto it = backlog.begin(); it != backlog.end();) {
+    Ring* r = it->ring;
+    if (std::find(full.begin(), full.end(), r) != full.end()) {
+      ++it;
+      continue;
+    }
+    auto* t = reinterpret_cast<Target*>(it->record[0]);
+    uint32_t words = t->ops->words;
+    uint64_t* w = r->try_reserve(words);
+    if (w == nullptr) {
+      full.push_back(r);
+      ++it;
+      continue;
+    }
+    w[0] = it->record[0];
+    t->ops->relocate(it->record.get() + 1, w + 1);
+    r->commit(words);
+    --r->held;
+    if (!r->queued_for_flush) {
+      r->queued_for_flush = true;
+      unpublished.push_back(r);
+    }
+    it = backlog.erase(it);
+    ++moved;
+  }
+  backlog_size.store(backlog.size(), std::memory_order_relaxed);
+  flush();
+  return moved;
+}
+
+void Producer::want_room() {
+  for (auto& h : backlog) h.ring->producer_waiting.store(1, std::memory_order_relaxed);
+}
+
+void Core::retire_producer(Producer& p) {
+  p.counters.for_each([this](uint32_t ch, std::size_t f, uint64_t v) { retired_counts.add(ch, f, v); });
+  for (auto& h : p.backlog) {
+    auto* t = reinterpret_cast<Target*>(h.record[0]);
+    t->ops->destroy(h.record.get() + 1);
+    retired_counts.add(UINT32_MAX - 1, kDropped);
+  }
+  p.backlog.clear();
+  for (auto& r : p.rings) {
+    if (!r) continue;
+    r->publish();
+    r->retired.store(true, std::memory_order_release);  // pairs with Inbox::run_once
+  }
+  light_barrier();
+  for (auto& r : p.rings) {
+    if (r) r->consumer()->notify();
+  }
+  std::erase(producers, &p);
+}
+
+// ---- lifecycle ----------------------------------------------------------------------------------
+
+Core::Core(const Options& options, uint64_t uid) : options_(options), uid_(uid) {
+  unsigned n = options_.executors();
+  if (n == 0) n = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned i = 0; i < n; ++i) {
+    inboxes.push_back(std::make_unique<Inbox>(*this, i, Inbox::Kind::kExecutor));
+    executors_.push_back(inboxes.back().get());
+  }
+}
+
+Core::~Core() {
+  (void)stop();
+  for (auto& c : channel_chunks_) delete c.load(std::memory_order_relaxed);
+}
+
+void Core::start(const std::shared_ptr<Core>& self) {
+  self_ = self;
+  for (unsigned i = 0; i < executors_.size(); ++i) {
+    threads_.emplace_back([this, i] { run_executor(*executors_[i], i); });
+  }
+}
+
+Inbox& Core::create_external_inbox() {
+  std::lock_guard lock(mu);
+  auto index = static_cast<uint32_t>(inboxes.size());
+  inboxes.push_back(std::make_unique<Inbox>(*this, index, Inbox::Kind::kExternal));
+  return *inboxes.back();
+}
+
+void Core::run_executor(Inbox& in, unsigned index) {
+  if (options_.pin_executors()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(index % std::max(1u, std::thread::hardware_concurrency()), &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+  }
+  char name[16];
+  std::snprintf(name, sizeof name, "bus-exec-%u", index);
+  pthread_setname_np(pthread_self(), name);
+
+  auto owned = std::make_unique<Producer>(*this, self_, &in, true);
+  owned->uid = uid_;
+  Producer& p = *owned;
+  {
+    std::lock_guard lock(mu);
+    producers.push_back(&p);
+  }
+  t_producers.list.push_back(std::move(owned));
+  tls_uid_ = uid_;
+  tls_producer_ = &p;
+
+  bool user_timers_dropped = false;
+  while (true) {
+    State s = state();
+    if (s == State::kStopped) break;
+    if (s == State::kDraining && !user_timers_dropped) {
+      in.drop_user_timers();
+      user_timers_dropped = true;
+    }
+    std::size_t n = 0;
+    if (!p.backlog.empty()) n += p.drain_backlog();
+    // While it holds a backlog, an executor stops taking work from plain threads: they block,
+    // which is the back-pressure the policy promises them.
+    n += in.run_once(/*plain_rings=*/p.backlog.empty());
+    if (n > 0) continue;
+
+    auto backlog_has_room = [&p] {
+      for (auto& h : p.backlog) {
+        auto* t = reinterpret_cast<Target*>(h.record[0]);
+        if (h.ring->has_room(t->ops->words)) return true;
+      }
+      return false;
+    };
+    auto until = Clock::now() + options_.spin();
+    bool work = false;
+    while (!work && Clock::now() < until) {
+      for (int i = 0; i < 64; ++i) cpu_relax();
+      work = in.ready() || state() != s || (!p.backlog.empty() && backlog_has_room());
+    }
+    if (work) continue;
+    if (!p.backlog.empty()) p.want_room();
+    in.park([&] { return state() != s || (!p.backlog.empty() && backlog_has_room()); });
+  }
+  in.cancel_all_pending(absl::CancelledError("bus: stopped before the reply arrived"));
+}
+
+bool Core::quiescent() {
+  // Mattern's four-counter wave: heads (what was consumed) in the first wave, tails (what was
+  // sent) in the second. Equal per ring means nothing was in flight and nothing new was sent
+  // in between; a handler still running holds its ring's head back, so it is seen too.
+  struct Wave {
+    std::vector<Ring*> rings;
+    std::vector<uint64_t> values;
+    std::vector<uint64_t> started, done;
+    uint64_t held = 0;
+  };
+  auto wave = [this](bool heads) {
+    Wave w;
+    std::lock_guard lock(mu);
+    for (auto& r : rings) {
+      if (r->consumer()->kind() != Inbox::Kind::kExecutor) continue;
+      w.rings.push_back(r.get());
+      w.values.push_back(heads ? r->head() : r->tail());
+    }
+    for (Inbox* e : executors_) {
+      w.started.push_back(e->ticks_started.load(std::memory_order_seq_cst));
+      w.done.push_back(e->ticks_done.load(std::memory_order_seq_cst));
+    }
+    for (Producer* p : producers) w.held += p->backlog_size.load(std::memory_order_seq_cst);
+    return w;
+  };
+  Wave a = wave(true);
+  Wave b = wave(false);
+  if (a.rings != b.rings || a.held != 0 || b.held != 0) return false;
+  for (std::size_t i = 0; i < a.values.size(); ++i) {
+    if (a.values[i] != b.values[i]) return false;
+  }
+  for (std::size_t i = 0; i < a.done.size(); ++i) {
+    if (a.done[i] != b.started[i]) return false;
+  }
+  last_started_ = b.started;
+  return true;
+}
+
+absl::Status Core::stop() {
+  std::lock_guard guard(stop_mu_);
+  if (stopped_) return absl::OkStatus();
+  if (tls_uid_ == uid_ && tls_producer_ && tls_producer_->executor) {
+    return absl::FailedPreconditionError(
+        "bus: stop() called from one of its executors; it would wait for itself. Call it from "
+        "another thread.");
+  }
+  Producer* me = tls_uid_ == uid_ ? tls_producer_ : nullptr;
+  if (me) me->flush();
+
+  state_.store(State::kDraining);
+  heavy_barrier();  // pairs with light_barrier() in enter(): a publish sees us or we see it
+  for (Inbox* e : executors_) e->wake();
+
+  // Publishes that passed the state check finish; later ones are refused.
+  while (true) {
+    bool busy = false;
+    {
+      std::lock_guard lock(mu);
+      for (Producer* p : producers) {
+        if (p == me || p->executor) continue;
+        // pairs with the release store in leave()
+        if (p->active.load(std::memory_order_acquire) != 0) busy = true;
+      }
+    }
+    if (!busy) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+
+  // Drain: executors keep running (and sending to each other) until nothing is in flight.
+  while (true) {
+    if (quiescent()) {
+      state_.store(State::kStopped);
+      bool timer_slipped = false;
+      for (std::size_t i = 0; i < executors_.size(); ++i) {
+        if (executors_[i]->ticks_started.load(std::memory_order_seq_cst) != last_started_[i]) {
+          timer_slipped = true;
+        }
+      }
+      if (!timer_slipped) break;
+      state_.store(State::kDraining);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  for (Inbox* e : executors_) e->wake();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  stopped_ = true;
+  return absl::OkStatus();
+}
+
+ChannelState& Core::install_state(uint32_t id,
+                                  const std::function<std::unique_ptr<ChannelState>()>& make) {
+  std::lock_guard lock(mu);
+  auto& chunk = channel_chunks_[id / kStatesPerChunk];
+  StateChunk* c = chunk.load(std::memory_order_relaxed);
+  if (!c) {
+    c = new StateChunk{};
+    chunk.store(c, std::memory_order_release);  // pairs with channel_state()
+  }
+  auto& slot = (*c)[id % kStatesPerChunk];
+  if (ChannelState* s = slot.load(std::memory_order_relaxed)) return *s;
+  states_.push_back(make());
+  slot.store(states_.back().get(), std::memory_order_release);  // pairs with channel_state()
+  return *states_.back();
+}
+
+void Core::log_once(uint32_t channel, std::string_view kind, const std::string& what) {
+  std::string key = absl::StrCat(channel, "/", std::string(kind));
+  {
+    std::lock_guard lock(mu);
+    if (std::find(logged_.begin(), logged_.end(), key) != logged_.end()) return;
+    logged_.push_back(key);
+  }
+  std::string where =
+      channel < channel_count() ? absl::StrCat(" on channel '", channel_info(channel).name, "'") : "";
+  std::fprintf(stderr, "bus: %s%s (logged once; see stats for counts)\n", what.c_str(),
+               where.c_str());
+}
+
+}  // namespace bus::detail

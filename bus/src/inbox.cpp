@@ -1,0 +1,266 @@
+#include "bus/detail/inbox.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "bus/detail/core.hpp"
+#include "bus/detail/targets.hpp"
+
+namespace bus::detail {
+namespace {
+constexpr std::size_t kBatch = 256;  // records taken from one ring before looking at the next
+}
+
+Inbox::Inbox(Core& core, uint32_t index, Kind kind) : core_(core), index_(index), kind_(kind) {
+  if (kind_ == Kind::kExternal) {
+    sleeping_.store(1, std::memory_order_relaxed);  // the loop is in its poll until drain()
+    eventfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (eventfd_ < 0) {
+      throw std::runtime_error(std::string("bus: eventfd() failed: ") + std::strerror(errno) +
+                               " (raise the open-file limit?)");
+    }
+  }
+}
+
+Inbox::~Inbox() {
+  adopt_rings();
+  // Records nobody will run (an external loop that stopped draining): destroy their payloads.
+  for (auto& r : rings_) {
+    r->consume(SIZE_MAX, [](uint64_t* rec) {
+      auto* t = reinterpret_cast<Target*>(rec[0]);
+      t->ops->destroy(rec + 1);
+      return t->ops->words;
+    });
+    r->release();
+  }
+  if (eventfd_ >= 0) ::close(eventfd_);
+}
+
+void Inbox::add_ring(std::shared_ptr<Ring> ring) {
+  auto* node = new Node{std::move(ring), incoming_.load(std::memory_order_relaxed)};
+  // pairs with the acquire exchange in adopt_rings()
+  while (!incoming_.compare_exchange_weak(node->next, node, std::memory_order_release,
+                                          std::memory_order_relaxed)) {
+  }
+}
+
+void Inbox::adopt_rings() {
+  if (incoming_.load(std::memory_order_relaxed) == nullptr) return;
+  Node* n = incoming_.exchange(nullptr, std::memory_order_acquire);  // pairs with add_ring
+  std::size_t first = rings_.size();
+  while (n) {
+    rings_.push_back(std::move(n->ring));
+    Node* next = n->next;
+    delete n;
+    n = next;
+  }
+  std::reverse(rings_.begin() + static_cast<std::ptrdiff_t>(first), rings_.end());
+}
+
+void Inbox::wake() {
+  if (kind_ == Kind::kExternal) {
+    uint64_t one = 1;
+    ssize_t rc = ::write(eventfd_, &one, sizeof one);
+    (void)rc;  // EAGAIN: the counter is saturated, so the loop is awake anyway
+    return;
+  }
+  sleeping_.store(0, std::memory_order_relaxed);
+  futex_wake_all(sleeping_);
+}
+
+void Inbox::invoke(uint64_t* record) {
+  auto* t = reinterpret_cast<Target*>(record[0]);
+  try {
+    t->invoke(t, record + 1, *this);
+  } catch (...) {
+    // Targets count their own handler failures; this is a posted closure or a reply callback.
+    core_.log_once(UINT32_MAX, "callback",
+                   "a posted closure or reply callback threw: " +
+                       describe_exception(std::current_exception()));
+  }
+}
+
+std::size_t Inbox::drain_ring(Ring& r) {
+  std::size_t k = r.consume(kBatch, [this](uint64_t* rec) {
+    uint32_t words = reinterpret_cast<Target*>(rec[0])->ops->words;
+    invoke(rec);
+    return words;
+  });
+  return k;
+}
+
+std::size_t Inbox::run_once(bool plain_rings) {
+  adopt_rings();
+  Producer& p = core_.producer();
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < rings_.size();) {
+    Ring& r = *rings_[i];
+    if (!plain_rings && r.producer_inbox() == nullptr) {
+      ++i;
+      continue;
+    }
+    std::size_t k = drain_ring(r);
+    if (k > 0) {
+      // What the handlers sent becomes visible before the head moves: stop() relies on it.
+      p.flush();
+      r.release();
+      records_run.store(records_run.load(std::memory_order_relaxed) + k, std::memory_order_relaxed);
+      light_barrier();  // pairs with heavy_barrier() of a producer waiting for room
+      if (r.producer_waiting.load(std::memory_order_relaxed) != 0) {
+        r.producer_waiting.store(0, std::memory_order_relaxed);
+        if (Inbox* pi = r.producer_inbox()) {
+          pi->wake();
+        } else {
+          futex_wake_all(r.producer_waiting);
+        }
+      }
+      n += k;
+      ++i;
+      continue;
+    }
+    // pairs with the release store in Core::retire_producer
+    if (r.retired.load(std::memory_order_acquire) && r.empty_for_consumer()) {
+      std::shared_ptr<Ring> gone = std::move(rings_[i]);
+      rings_[i] = std::move(rings_.back());
+      rings_.pop_back();
+      std::lock_guard lock(core_.mu);
+      std::erase(core_.rings, gone);
+      continue;
+    }
+    ++i;
+  }
+  n += run_due_timers();
+  p.flush();
+  return n;
+}
+
+bool Inbox::ready() {
+  if (incoming_.load(std::memory_order_relaxed) != nullptr) return true;
+  for (auto& r : rings_) {
+    if (!r->empty_for_consumer()) return true;
+  }
+  if (!timers_.empty() && timers_.begin()->first.first <= Clock::now()) return true;
+  return false;
+}
+
+bool Inbox::add_timer(uint64_t id, Clock::time_point at, Clock::duration period, TimerFn fn,
+                      bool essential) {
+  State s = core_.state();
+  if (s == State::kStopped || (s == State::kDraining && !essential)) return false;
+  timers_.emplace(std::make_pair(at, id), Timer{std::move(fn), period, essential});
+  timer_at_.emplace(id, at);
+  return true;
+}
+
+bool Inbox::cancel_timer(uint64_t id) {
+  if (id == firing_) {
+    firing_cancelled_ = true;
+    return true;
+  }
+  auto it = timer_at_.find(id);
+  if (it == timer_at_.end()) return false;
+  timers_.erase(std::make_pair(it->second, id));
+  timer_at_.erase(it);
+  return true;
+}
+
+std::optional<Clock::time_point> Inbox::next_timer() const {
+  if (timers_.empty()) return std::nullopt;
+  return timers_.begin()->first.first;
+}
+
+std::size_t Inbox::run_due_timers() {
+  std::size_t n = 0;
+  auto now = Clock::now();
+  while (!timers_.empty() && timers_.begin()->first.first <= now) {
+    // stop() flips to kStopped and then re-reads ticks_started: either it sees this increment
+    // or we see kStopped (both seq_cst).
+    ticks_started.fetch_add(1, std::memory_order_seq_cst);
+    if (core_.state() == State::kStopped) {
+      ticks_done.fetch_add(1, std::memory_order_seq_cst);
+      break;
+    }
+    auto node = timers_.extract(timers_.begin());
+    uint64_t id = node.key().second;
+    timer_at_.erase(id);
+    Timer& t = node.mapped();
+    firing_ = id;
+    firing_cancelled_ = false;
+    try {
+      t.fn();
+    } catch (...) {
+      core_.log_once(UINT32_MAX, "timer",
+                     "a timer callback threw: " + describe_exception(std::current_exception()));
+    }
+    firing_ = 0;
+    if (t.period > Clock::duration::zero() && !firing_cancelled_) {
+      auto next = node.key().first + t.period;
+      if (next < now) next = now + t.period;  // fell behind: skip, do not burst
+      (void)add_timer(id, next, t.period, std::move(t.fn), t.essential);
+    }
+    ticks_done.fetch_add(1, std::memory_order_seq_cst);
+    ++n;
+  }
+  return n;
+}
+
+void Inbox::drop_user_timers() {
+  for (auto it = timers_.begin(); it != timers_.end();) {
+    if (!it->second.essential) {
+      timer_at_.erase(it->first.second);
+      it = timers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Inbox::add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline,
+                        CompleteFn fn) {
+  uint64_t timer = reserve_timer_id();
+  add_timer(timer, deadline, Clock::duration::zero(),
+            [this, corr] {
+              auto it = pending_.find(corr);
+              if (it == pending_.end()) return;
+              Pending p = std::move(it->second);
+              pending_.erase(it);
+              p.fn(absl::DeadlineExceededError(absl::StrCat(
+                       "bus: no reply from '", channel_info(p.channel).name,
+                       "' before the deadline")),
+                   nullptr);
+            },
+            /*essential=*/true);
+  pending_.emplace(corr, Pending{std::move(fn), timer, channel});
+}
+
+void Inbox::complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply) {
+  auto it = pending_.find(corr);
+  if (it == pending_.end()) {
+    counters.add(channel, kLateReplies);
+    return;
+  }
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  cancel_timer(p.timer);
+  p.fn(std::move(status), reply);
+}
+
+void Inbox::cancel_all_pending(const absl::Status& why) {
+  while (!pending_.empty()) {
+    auto it = pending_.begin();
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    cancel_timer(p.timer);
+    try {
+      p.fn(why, nullptr);
+    } catch (...) {
+    }
+  }
+}
+
+}  // namespace bus::detail

@@ -1,0 +1,52 @@
+#include "bus/detail/sync.hpp"
+
+#include <linux/futex.h>
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <ctime>
+
+namespace bus::detail {
+namespace {
+
+bool register_membarrier() {
+  if (const char* off = std::getenv("BUS_NO_MEMBARRIER"); off != nullptr && *off == '1') {
+    return false;
+  }
+  long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds < 0 || (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+}  // namespace
+
+bool g_membarrier = register_membarrier();
+
+void heavy_barrier() {
+  if (g_membarrier && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) {
+    return;
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts{};
+  timespec* tsp = nullptr;
+  if (timeout.count() >= 0) {
+    ts.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000'000);
+    ts.tv_nsec = static_cast<long>(timeout.count() % 1'000'000'000);
+    tsp = &ts;
+  }
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, tsp,
+          nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>& word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+}
+
+}  // namespace bus::detail
