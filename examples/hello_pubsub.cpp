@@ -48,7 +48,7 @@ int main() {
   std::printf("request: last ACME price = %s\n", price.ok() ? std::to_string(*price).c_str()
                                                              : price.status().ToString().c_str());
 
-  bus.stop();  // drains: everything published above has been delivered
+  (void)bus.stop();  // drains: everything published above has been delivered
   std::printf("service saw %d ticks; stats: published=%llu delivered=%llu\n", book.state().seen,
               static_cast<unsigned long long>(bus.stats().channel("market.ticks")->published),
               static_cast<unsigned long long>(bus.stats().channel("market.ticks")->delivered));

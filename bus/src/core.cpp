@@ -108,8 +108,11 @@ void Producer::flush() {
 
 std::size_t Producer::drain_backlog() {
   std::size_t moved = 0;
-  std::vector<Ring*> full;  // a ring stays full for this pass: keep its later records in order
-  for (auto it = backlog.begin(); it != backlog.end();) {
+  // A ring found full stays full for this pass; later records for it wait, in order. The pass
+  // ends as soon as every ring with held records is full, so it never walks the whole backlog
+  // just to find nothing movable.
+  std::vector<Ring*> full;
+  for (auto it = backlog.begin(); it != backlog.end() && full.size() < backlog_rings;) {
     Ring* r = it->ring;
     if (std::find(full.begin(), full.end(), r) != full.end()) {
       ++it;
@@ -126,7 +129,7 @@ std::size_t Producer::drain_backlog() {
     w[0] = it->record[0];
     t->ops->relocate(it->record.get() + 1, w + 1);
     r->commit(words);
-    --r->held;
+    if (--r->held == 0) --backlog_rings;
     if (!r->queued_for_flush) {
       r->queued_for_flush = true;
       unpublished.push_back(r);
@@ -151,6 +154,7 @@ void Core::retire_producer(Producer& p) {
     retired_counts.add(UINT32_MAX - 1, kDropped);
   }
   p.backlog.clear();
+  p.backlog_rings = 0;
   for (auto& r : p.rings) {
     if (!r) continue;
     r->publish();
@@ -225,8 +229,9 @@ void Core::run_executor(Inbox& in, unsigned index) {
     }
     std::size_t n = 0;
     if (!p.backlog.empty()) n += p.drain_backlog();
-    // While it holds a backlog, an executor stops taking work from plain threads: they block,
-    // which is the back-pressure the policy promises them.
+    // While it holds a backlog, an executor stops taking work from plain threads (they block,
+    // the back-pressure the policy promises them) and from itself (a handler re-posting itself
+    // waits for the backlog to clear). Other executors' rings keep draining: no cycle can stall.
     n += in.run_once(/*plain_rings=*/p.backlog.empty());
     if (n > 0) continue;
 
@@ -366,8 +371,8 @@ void Core::log_once(uint32_t channel, std::string_view kind, const std::string& 
   }
   std::string where =
       channel < channel_count() ? absl::StrCat(" on channel '", channel_info(channel).name, "'") : "";
-  std::fprintf(stderr, "bus: %s%s (logged once; see stats for counts)\n", what.c_str(),
-               where.c_str());
+  std::fprintf(stderr, "bus: %s%s (logged once%s)\n", what.c_str(), where.c_str(),
+               where.empty() ? "" : "; stats() counts every occurrence");
 }
 
 }  // namespace bus::detail

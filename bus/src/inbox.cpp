@@ -97,10 +97,13 @@ std::size_t Inbox::drain_ring(Ring& r) {
 std::size_t Inbox::run_once(bool plain_rings) {
   adopt_rings();
   Producer& p = core_.producer();
+  // Records held back for our own ring can only move once we consume it: keep consuming it then.
+  bool self_blocked = index_ < p.rings.size() && p.rings[index_] && p.rings[index_]->held > 0;
   std::size_t n = 0;
   for (std::size_t i = 0; i < rings_.size();) {
     Ring& r = *rings_[i];
-    if (!plain_rings && r.producer_inbox() == nullptr) {
+    if (!plain_rings && (r.producer_inbox() == nullptr ||
+                         (r.producer_inbox() == this && !self_blocked))) {
       ++i;
       continue;
     }

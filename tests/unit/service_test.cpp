@@ -49,6 +49,7 @@ inline const bus::Queue<Item> unkeyed_items{"service_test.unkeyed.items"};
 inline const bus::Endpoint<Item, int> unkeyed_asks{"service_test.unkeyed.asks"};
 inline const bus::Endpoint<int, int> doubler{"service_test.doubler"};
 inline const bus::Endpoint<int, int> nobody{"service_test.nobody"};
+inline const bus::Topic<int> subscribed_late{"service_test.subscribed_late"};
 
 // ---- one at a time ------------------------------------------------------------------------------
 
@@ -68,8 +69,8 @@ struct Exclusive {
   /// A read-modify-write with a window wide enough for an overlap to lose an update.
   static void bump(int& n) {
     int seen = n;
-    for (volatile int i = 0; i < 16; i = i + 1) {
-    }
+    // Compiler-only fences: the read and the write stay apart, with a few steps between them.
+    for (int i = 0; i < 16; ++i) std::atomic_signal_fence(std::memory_order_seq_cst);
     n = seen + 1;
   }
 };
@@ -253,6 +254,40 @@ TEST(Service, RequestWithoutAHandlerFailsOnTheServiceExecutor) {
   EXPECT_EQ(svc.state().code, absl::StatusCode::kUnavailable);
   EXPECT_EQ(svc.state().ran_on, std::optional<unsigned>(1));
   EXPECT_EQ(svc.state().callbacks.load(), 1);
+}
+
+struct Seen {
+  std::vector<int> got;
+};
+
+TEST(Service, SubscriptionMadeInItsOwnHandlerGetsMessagesPublishedAfterIt) {
+  bus::Bus bus(bus::Options().executors(2));
+  auto svc = bus.service<Seen>(bus::on_executor(0));
+  std::atomic<int> step{0};
+  std::thread publisher([&] {
+    ASSERT_TRUE(bus.post(bus::on_executor(0), [] {}).ok());  // this thread's ring to executor 0
+    step.store(1);
+    step.notify_all();
+    while (step.load() != 2) step.wait(1);
+    EXPECT_TRUE(bus.publish(subscribed_late, 7).ok());  // after subscribe() below returned
+    step.store(3);
+    step.notify_all();
+  });
+  while (step.load() != 1) step.wait(0);
+  ASSERT_TRUE(svc.post([svc, &step](Seen&) mutable {
+                   svc.subscribe(subscribed_late, [](Seen& s, const int& v) { s.got.push_back(v); });
+                   step.store(2);
+                   step.notify_all();
+                   while (step.load() != 3) step.wait(2);
+                 }).ok());
+  publisher.join();
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(svc.state().got, std::vector<int>{7});
+  bus::Stats stats = bus.stats();
+  const bus::ChannelStats* c = stats.channel("service_test.subscribed_late");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->published, 1u);
+  EXPECT_EQ(c->delivered + c->dropped + c->failed + c->unrouted, 1u);  // lost, it would say so
 }
 
 // ---- pool ---------------------------------------------------------------------------------------

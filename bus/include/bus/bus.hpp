@@ -448,17 +448,21 @@ Subscription Bus::subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& 
     }
     id = ++st.last_sub;
   }
-  absl::AnyInvocable<void(const T&)> fn(std::forward<F>(handler));
-  absl::Status added = run_on(
-      inbox, [target, id, fn = std::move(fn)]() mutable { target->subs.push_back({id, std::move(fn)}); },
-      /*wait=*/true);
-  if (!added.ok()) return Subscription();
+  typename detail::TopicTarget<T>::Sub sub{id, absl::AnyInvocable<void(const T&)>(std::forward<F>(handler))};
+  target->stage(&sub, 0);
   target->live.fetch_add(1, std::memory_order_relaxed);
   return Subscription(core_, [this, target, id](detail::Core&) {
     target->live.fetch_sub(1, std::memory_order_relaxed);
-    (void)run_on(
-        *target->inbox, [target, id] { std::erase_if(target->subs, [id](auto& s) { return s.id == id; }); },
+    // Through the ring, so what this thread published before still reaches the handler; and
+    // waited for, so the handler is not running and will not run again.
+    absl::Status posted = run_on(
+        *target->inbox,
+        [target, id] {
+          target->apply_changes();
+          std::erase_if(target->subs, [id](const auto& s) { return s.id == id; });
+        },
         /*wait=*/true);
+    if (!posted.ok()) target->stage(nullptr, id);  // stopped: nothing runs it any more
   });
 }
 

@@ -50,6 +50,7 @@ struct Producer {
     std::unique_ptr<uint64_t[]> record;
   };
   std::deque<Held> backlog;
+  std::size_t backlog_rings = 0;  // rings with held records
   std::atomic<uint64_t> backlog_size{0};  // read by stop()
 
   // Set while a plain thread is inside publish (or a Batch); stop() waits for it to clear.
@@ -214,6 +215,16 @@ absl::Status Core::send(Producer& p, Inbox& dest, Target* target, Overflow polic
       case Overflow::kBlock:
         break;
     }
+    if (p.executor && r.held == 0) {
+      // The consumer usually frees room within microseconds: a bounded spin costs less than
+      // holding the record back (an allocation). Bounded, so two executors cannot wait forever.
+      for (int spin = 0; spin < 2048 && w == nullptr; ++spin) {
+        cpu_relax();
+        if ((spin & 63) == 63 && r.has_room(kWords)) w = r.try_reserve(kWords);
+      }
+    }
+  }
+  if (__builtin_expect(w == nullptr, 0)) {
     if (p.executor) {
       // An executor never blocks: it holds the record back, in order, up to a bound.
       if (p.backlog.size() >= options_.executor_backlog()) {
@@ -227,7 +238,7 @@ absl::Status Core::send(Producer& p, Inbox& dest, Target* target, Overflow polic
       rec[0] = reinterpret_cast<uint64_t>(target);
       Payload<P>::construct(rec.get() + 1, std::forward<A>(args)...);
       p.backlog.push_back(Producer::Held{&r, std::move(rec)});
-      ++r.held;
+      if (r.held++ == 0) ++p.backlog_rings;
       p.backlog_size.store(p.backlog.size(), std::memory_order_relaxed);
       return absl::OkStatus();
     }

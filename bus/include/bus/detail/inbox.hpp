@@ -64,7 +64,9 @@ class Inbox {
   // ---- owner thread --------------------------------------------------------------------------
 
   /// Runs what is ready: records (in batches per ring) and due timers. Returns how much ran.
-  /// `plain_rings` false skips rings fed by plain threads (back-pressure while holding a backlog).
+  /// `plain_rings` false skips rings fed by plain threads and by this inbox itself: the
+  /// back-pressure of an executor holding a backlog. Rings from other executors keep draining,
+  /// so two executors waiting on each other's rings still make progress.
   std::size_t run_once(bool plain_rings = true);
   /// True when a record is waiting in some ring or a timer is due.
   bool ready();

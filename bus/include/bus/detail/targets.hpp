@@ -8,6 +8,7 @@
 #include <atomic>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -71,11 +72,34 @@ struct TopicTarget : Target {
   const uint32_t channel;
   Inbox* const inbox;
   std::atomic<int> live{0};  // subscriptions; publishers skip the target at zero
-  std::vector<Sub> subs;     // owner thread only (changed by posted closures)
+  std::vector<Sub> subs;     // owner thread only
+
+  // Subscribe and cancel from any thread stage their change here; the owner applies it before
+  // the next record, so a message published after subscribe() returned finds its handler.
+  std::mutex changes_mu;
+  std::vector<Sub> added;         // under changes_mu
+  std::vector<uint64_t> removed;  // under changes_mu
+  std::atomic<bool> changed{false};
+
+  void stage(Sub* add, uint64_t remove) {
+    std::lock_guard lock(changes_mu);
+    if (add) added.push_back(std::move(*add));
+    if (remove) removed.push_back(remove);
+    changed.store(true, std::memory_order_release);  // pairs with the acquire in run()
+  }
+  void apply_changes() {
+    std::lock_guard lock(changes_mu);
+    for (auto& s : added) subs.push_back(std::move(s));
+    added.clear();
+    for (uint64_t id : removed) std::erase_if(subs, [id](const Sub& s) { return s.id == id; });
+    removed.clear();
+    changed.store(false, std::memory_order_relaxed);
+  }
 
   static void run(Target* self, void* payload, Inbox& in) {
     auto* t = static_cast<TopicTarget*>(self);
     PayloadGuard<T> guard{payload};
+    if (t->changed.load(std::memory_order_acquire)) t->apply_changes();  // pairs with stage()
     const T& msg = *Payload<T>::get(payload);
     for (auto& s : t->subs) {
       try {

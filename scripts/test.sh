@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite: builds everything (tests, examples, benchmarks) and runs ctest.
+# BUILD_DIR, CMAKE_ARGS and CTEST_ARGS adjust it (the sanitizer builds in .ci/run use them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+build=${BUILD_DIR:-build}
+# CMAKE_ARGS may hold quoted values (compiler flags with spaces): let the shell parse it.
+eval "cmake -S . -B \"$build\" ${CMAKE_ARGS:-}" >/dev/null
+cmake --build "$build" -j2
+# shellcheck disable=SC2086
+ctest --test-dir "$build" --output-on-failure -j2 ${CTEST_ARGS:-}

@@ -1,0 +1,209 @@
+// bus::detail::Ring on its own: FIFO of variable-size records, bounded, never split at the end.
+#include "bus/detail/ring.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+
+namespace {
+
+using bus::detail::Ring;
+
+// A test record: a header word `seq << 8 | words` (never zero: zero marks a wrap) and payload
+// words derived from the sequence number, so a torn or misplaced record shows.
+uint32_t size_of(uint64_t seq) { return 1 + static_cast<uint32_t>((seq * 7) % 13); }  // 1..13
+uint64_t payload(uint64_t seq, uint32_t k) { return seq * 0x9E3779B97F4A7C15ull + k; }
+
+void write_record(uint64_t* at, uint64_t seq, uint32_t words) {
+  at[0] = seq << 8 | words;
+  for (uint32_t k = 1; k < words; ++k) at[k] = payload(seq, k);
+}
+
+/// Consumes records, checking they come in sequence and intact.
+struct Reader {
+  uint64_t next = 0;
+  uint64_t bad = 0;
+  uint32_t operator()(uint64_t* rec) {
+    uint32_t words = static_cast<uint32_t>(rec[0] & 0xff);
+    uint64_t seq = rec[0] >> 8;
+    if (seq != next || words == 0) ++bad;
+    for (uint32_t k = 1; k < words; ++k) {
+      if (rec[k] != payload(seq, k)) ++bad;
+    }
+    ++next;
+    return words;
+  }
+};
+
+/// Builds record `seq` of `words` words in the ring and commits it; returns where, or null if full.
+uint64_t* put(Ring& ring, uint64_t seq, uint32_t words) {
+  uint64_t* at = ring.try_reserve(words);
+  if (at == nullptr) return nullptr;
+  write_record(at, seq, words);
+  ring.commit(words);
+  return at;
+}
+
+TEST(Ring, KeepsFifoOrderOfVariableSizeRecordsAcrossWrapArounds) {
+  Ring ring(64, nullptr, nullptr);
+  constexpr uint64_t kRecords = 200000;
+  uint64_t* base = nullptr;  // the buffer's start: the first record of an empty ring goes there
+  uint64_t split = 0;        // records that would cross the buffer's end
+  uint64_t written = 0;
+  Reader reader;
+  while (reader.next < kRecords) {
+    while (written < kRecords) {
+      uint32_t words = size_of(written);
+      uint64_t* at = put(ring, written, words);
+      if (at == nullptr) break;
+      if (base == nullptr) base = at;
+      if (at < base || at + words > base + ring.capacity()) ++split;
+      ++written;
+    }
+    ring.publish();
+    // Take a varying number, so the producer meets the consumer at every offset.
+    ASSERT_GT(ring.consume(1 + reader.next % 5, reader), 0u);
+    ring.release();
+  }
+  EXPECT_EQ(reader.bad, 0u);
+  EXPECT_EQ(split, 0u);
+  EXPECT_EQ(ring.consume(SIZE_MAX, reader), 0u);
+  EXPECT_EQ(ring.head(), ring.tail());
+  EXPECT_GT(ring.tail(), 10000 * ring.capacity());  // it went round many times
+}
+
+TEST(Ring, KeepsFifoOrderBetweenAProducerAndAConsumerThread) {
+  Ring ring(256, nullptr, nullptr);
+  constexpr uint64_t kWords = 10'000'000;
+  constexpr uint64_t kUnknown = UINT64_MAX;
+  std::atomic<uint64_t> total{kUnknown};  // records sent, once the producer is done
+  std::thread producer([&] {
+    uint64_t seq = 0;
+    uint64_t words_sent = 0;
+    while (words_sent < kWords) {
+      uint32_t words = size_of(seq);
+      uint64_t* at = ring.try_reserve(words);
+      if (at == nullptr) {
+        ring.publish();  // what is built but unpublished is room the consumer cannot free
+        std::this_thread::yield();
+        continue;
+      }
+      write_record(at, seq, words);
+      ring.commit(words);
+      ++seq;
+      words_sent += words;
+      if (seq % 8 == 0) ring.publish();  // a batch of records, one release store
+    }
+    ring.publish();
+    total.store(seq);
+  });
+  Reader reader;
+  while (true) {
+    std::size_t n = ring.consume(64, reader);
+    if (n > 0) {
+      ring.release();
+      continue;
+    }
+    uint64_t t = total.load();
+    if (t != kUnknown && reader.next == t) break;
+    std::this_thread::yield();
+  }
+  producer.join();
+  EXPECT_EQ(reader.bad, 0u);
+  EXPECT_GE(ring.tail(), kWords);
+  EXPECT_EQ(ring.head(), ring.tail());
+}
+
+TEST(Ring, TryReserveFailsWhenFullAndSucceedsAfterRelease) {
+  Ring ring(64, nullptr, nullptr);
+  for (uint64_t seq = 0; seq < 8; ++seq) ASSERT_NE(put(ring, seq, 8), nullptr) << seq;
+  EXPECT_EQ(ring.try_reserve(1), nullptr);
+  EXPECT_FALSE(ring.has_room(1));
+  ring.publish();
+  EXPECT_EQ(ring.depth_words(), 64u);
+
+  // Consumed is not yet free: the words are the consumer's until it releases them.
+  Reader reader;
+  ASSERT_EQ(ring.consume(1, reader), 1u);
+  EXPECT_EQ(ring.try_reserve(1), nullptr);
+  EXPECT_TRUE(ring.release());
+  EXPECT_FALSE(ring.release());  // nothing more consumed
+  EXPECT_TRUE(ring.has_room(8));
+  EXPECT_FALSE(ring.has_room(9));
+  EXPECT_NE(ring.try_reserve(8), nullptr);
+}
+
+TEST(Ring, RecordsAreInvisibleUntilPublished) {
+  Ring ring(64, nullptr, nullptr);
+  Reader reader;
+  for (uint64_t seq = 0; seq < 3; ++seq) ASSERT_NE(put(ring, seq, size_of(seq)), nullptr);
+  EXPECT_TRUE(ring.has_unpublished());
+  EXPECT_EQ(ring.consume(SIZE_MAX, reader), 0u);
+  EXPECT_TRUE(ring.empty_for_consumer());
+  EXPECT_TRUE(ring.publish());
+  EXPECT_FALSE(ring.publish());  // nothing new
+  EXPECT_FALSE(ring.has_unpublished());
+  EXPECT_FALSE(ring.empty_for_consumer());
+  EXPECT_EQ(ring.consume(SIZE_MAX, reader), 3u);
+  EXPECT_EQ(reader.bad, 0u);
+}
+
+TEST(Ring, RecordNeverSplitsAcrossTheEnd) {
+  Ring ring(64, nullptr, nullptr);
+  Reader reader;
+  uint64_t* base = put(ring, 0, 60);  // the first record of an empty ring starts the buffer
+  ASSERT_NE(base, nullptr);
+  ring.publish();
+
+  // 4 words are left at the end. A 4-word record fits there exactly, without a wrap.
+  EXPECT_EQ(ring.try_reserve(8), nullptr);  // 4 skipped + 8 would not fit before the head moves
+  uint64_t* end_record = put(ring, 1, 4);
+  ASSERT_EQ(end_record, base + 60);
+  ring.publish();
+  ASSERT_EQ(ring.consume(SIZE_MAX, reader), 2u);
+  ring.release();
+
+  // Now at the end again (position 0 after a full turn): take 62 words, leaving 2 at the end.
+  ASSERT_EQ(put(ring, 2, 62), base);
+  ring.publish();
+  ASSERT_EQ(ring.consume(SIZE_MAX, reader), 1u);
+  ring.release();
+
+  // A 5-word record does not fit in the last 2 words: it starts the buffer, and the consumer
+  // skips the 2 words (the wrap marker) without seeing a record there.
+  uint64_t* wrapped = put(ring, 3, 5);
+  EXPECT_EQ(wrapped, base);
+  ring.publish();
+  EXPECT_EQ(ring.depth_words(), 2u + 5u);
+  uint64_t* seen = nullptr;
+  EXPECT_EQ(ring.consume(SIZE_MAX, [&](uint64_t* rec) {
+    seen = rec;
+    return reader(rec);
+  }), 1u);
+  EXPECT_EQ(seen, base);
+  EXPECT_EQ(reader.bad, 0u);
+  EXPECT_EQ(reader.next, 4u);
+  ring.release();
+  EXPECT_EQ(ring.depth_words(), 0u);
+}
+
+TEST(Ring, WholeBufferRecordFillsTheRing) {
+  Ring ring(64, nullptr, nullptr);
+  Reader reader;
+  uint64_t* base = ring.try_reserve(64);
+  ASSERT_NE(base, nullptr);
+  write_record(base, 0, 64 & 0xff);  // header says 64 words
+  ring.commit(64);
+  EXPECT_EQ(ring.try_reserve(1), nullptr);
+  ring.publish();
+  uint32_t words = 0;
+  EXPECT_EQ(ring.consume(SIZE_MAX, [&](uint64_t* rec) { return words = static_cast<uint32_t>(rec[0] & 0xff); }),
+            1u);
+  EXPECT_EQ(words, 64u);
+  ring.release();
+  EXPECT_EQ(ring.try_reserve(64), base);
+}
+
+}  // namespace
