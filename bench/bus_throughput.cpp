@@ -3,12 +3,12 @@
 // handler batch). The comparison with other queues is bench/queues (issue: internal throughput).
 //
 //   ./build/bench/bus_throughput [messages] [runs]
-#include <bus/bus.hpp>
 #include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <atomic>
+#include <bus/bus.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,13 +27,16 @@ double run(bool from_executor, uint64_t n) {
   bus::Bus bus(bus::Options().executors(2).pin_executors(true));
   uint64_t sum = 0, count = 0;
   std::atomic<bool> done{false};
-  auto sub = bus.subscribe(numbers, [&](const uint64_t& v) {
-    sum += v;
-    if (++count == n) {
-      done.store(true, std::memory_order_release);
-      done.notify_one();
-    }
-  }, bus::on_executor(1));
+  auto sub = bus.subscribe(
+      numbers,
+      [&](const uint64_t& v) {
+        sum += v;
+        if (++count == n) {
+          done.store(true, std::memory_order_release);
+          done.notify_one();
+        }
+      },
+      bus::on_executor(1));
   // From an executor, a handler sends a chunk and posts itself again: sends are published once
   // per handler batch, the way executors talk to each other. (One handler sending millions at
   // once would exceed the executor backlog bound and get ResourceExhausted.)
@@ -89,7 +92,8 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(n), runs);
   auto show = [](const char* what, std::vector<double> v) {
     std::printf("  %-34s %8.1f  (%.1f-%.1f)\n", what, median(v) / 1e6,
-                *std::min_element(v.begin(), v.end()) / 1e6, *std::max_element(v.begin(), v.end()) / 1e6);
+                *std::min_element(v.begin(), v.end()) / 1e6,
+                *std::max_element(v.begin(), v.end()) / 1e6);
   };
   show("plain thread, publish per message", plain);
   show("executor -> executor (batched)", batched);

@@ -1,6 +1,5 @@
 // Typed pub/sub, a stateful service and a request/reply on one in-process bus.
 #include <bus/bus.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -40,13 +39,14 @@ int main() {
   book.subscribe(ticks, &PriceBook::on_tick).serve(last_price, &PriceBook::quote);
 
   for (double p : {101.5, 102.25, 101.75}) {
-    if (auto s = bus.publish(ticks, Tick{"ACME", p}); !s.ok()) std::printf("publish: %s\n", s.ToString().c_str());
+    if (auto s = bus.publish(ticks, Tick{"ACME", p}); !s.ok())
+      std::printf("publish: %s\n", s.ToString().c_str());
   }
 
   // Blocking call from a plain thread; every request carries a deadline.
   absl::StatusOr<double> price = bus.call(last_price, Quote{"ACME"}, 1s);
-  std::printf("request: last ACME price = %s\n", price.ok() ? std::to_string(*price).c_str()
-                                                             : price.status().ToString().c_str());
+  std::printf("request: last ACME price = %s\n",
+              price.ok() ? std::to_string(*price).c_str() : price.status().ToString().c_str());
 
   (void)bus.stop();  // drains: everything published above has been delivered
   std::printf("service saw %d ticks; stats: published=%llu delivered=%llu\n", book.state().seen,

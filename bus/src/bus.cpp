@@ -31,8 +31,8 @@ std::optional<unsigned> Bus::current_executor() const {
 unsigned Bus::place(Placement where) {
   if (where.executor < 0) return core_->next_placement();
   if (static_cast<unsigned>(where.executor) >= executors()) {
-    throw std::out_of_range(absl::StrCat("bus: executor ", where.executor, " does not exist (the bus has ",
-                                         executors(), ")"));
+    throw std::out_of_range(absl::StrCat("bus: executor ", where.executor,
+                                         " does not exist (the bus has ", executors(), ")"));
   }
   return static_cast<unsigned>(where.executor);
 }
@@ -47,7 +47,8 @@ void Bus::cancel(TimerId timer) {
     if (timer.inbox >= core_->inboxes.size()) return;
     in = core_->inboxes[timer.inbox].get();
   }
-  (void)run_on(*in, [in, id = timer.id] { in->cancel_timer(id); }, /*wait=*/true);
+  (void)run_on(
+      *in, [in, id = timer.id] { in->cancel_timer(id); }, /*wait=*/true);
 }
 
 void Bus::keep(Subscription s) {
@@ -115,7 +116,8 @@ Stats Bus::stats() const {
   return out;
 }
 
-// ---- Batch ---------------------------------------------------------------------------------------
+// ---- Batch
+// ---------------------------------------------------------------------------------------
 
 Batch::Batch(Bus& bus) : core_(*bus.core_), producer_(core_.producer()) {
   accepted_ = core_.enter(producer_);
@@ -132,7 +134,8 @@ Batch::~Batch() {
 
 void Batch::flush() { producer_.flush(); }
 
-// ---- ExternalInbox -------------------------------------------------------------------------------
+// ---- ExternalInbox
+// -------------------------------------------------------------------------------
 
 ExternalInbox::ExternalInbox(Bus& bus) : bus_(bus), inbox_(&bus.core_->create_external_inbox()) {
   bind_to_this_thread();

@@ -39,11 +39,11 @@ uint32_t register_channel(std::string_view name, ChannelKind kind, std::type_ind
   if (auto it = r.by_name.find(key); it != r.by_name.end()) {
     const ChannelInfo& have = r.infos[it->second];
     if (have.type != type || have.kind != kind) {
-      throw ChannelTypeError(absl::StrCat(
-          "bus: channel '", key, "' is declared twice with different types: as ", have.type_name,
-          " (a ", std::string(kind_name(have.kind)), ") and as ", type_name, " (a ",
-          std::string(kind_name(kind)),
-          "). One name, one type: rename one of them or share one declaration."));
+      throw ChannelTypeError(
+          absl::StrCat("bus: channel '", key, "' is declared twice with different types: as ",
+                       have.type_name, " (a ", std::string(kind_name(have.kind)), ") and as ",
+                       type_name, " (a ", std::string(kind_name(kind)),
+                       "). One name, one type: rename one of them or share one declaration."));
     }
     return it->second;
   }

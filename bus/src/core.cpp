@@ -12,8 +12,8 @@
 
 namespace bus::detail {
 
-thread_local uint64_t Core::tls_uid_ = 0;
-thread_local Producer* Core::tls_producer_ = nullptr;
+constinit thread_local uint64_t Core::tls_uid_ = 0;
+constinit thread_local Producer* Core::tls_producer_ = nullptr;
 
 std::string describe_exception(std::exception_ptr e) {
   try {
@@ -147,7 +147,8 @@ void Producer::want_room() {
 }
 
 void Core::retire_producer(Producer& p) {
-  p.counters.for_each([this](uint32_t ch, std::size_t f, uint64_t v) { retired_counts.add(ch, f, v); });
+  p.counters.for_each(
+      [this](uint32_t ch, std::size_t f, uint64_t v) { retired_counts.add(ch, f, v); });
   for (auto& h : p.backlog) {
     auto* t = reinterpret_cast<Target*>(h.record[0]);
     t->ops->destroy(h.record.get() + 1);
@@ -369,8 +370,9 @@ void Core::log_once(uint32_t channel, std::string_view kind, const std::string& 
     if (std::find(logged_.begin(), logged_.end(), key) != logged_.end()) return;
     logged_.push_back(key);
   }
-  std::string where =
-      channel < channel_count() ? absl::StrCat(" on channel '", channel_info(channel).name, "'") : "";
+  std::string where = channel < channel_count()
+                          ? absl::StrCat(" on channel '", channel_info(channel).name, "'")
+                          : "";
   std::fprintf(stderr, "bus: %s%s (logged once%s)\n", what.c_str(), where.c_str(),
                where.empty() ? "" : "; stats() counts every occurrence");
 }

@@ -102,8 +102,8 @@ std::size_t Inbox::run_once(bool plain_rings) {
   std::size_t n = 0;
   for (std::size_t i = 0; i < rings_.size();) {
     Ring& r = *rings_[i];
-    if (!plain_rings && (r.producer_inbox() == nullptr ||
-                         (r.producer_inbox() == this && !self_blocked))) {
+    if (!plain_rings &&
+        (r.producer_inbox() == nullptr || (r.producer_inbox() == this && !self_blocked))) {
       ++i;
       continue;
     }
@@ -226,18 +226,18 @@ void Inbox::drop_user_timers() {
 void Inbox::add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline,
                         CompleteFn fn) {
   uint64_t timer = reserve_timer_id();
-  add_timer(timer, deadline, Clock::duration::zero(),
-            [this, corr] {
-              auto it = pending_.find(corr);
-              if (it == pending_.end()) return;
-              Pending p = std::move(it->second);
-              pending_.erase(it);
-              p.fn(absl::DeadlineExceededError(absl::StrCat(
-                       "bus: no reply from '", channel_info(p.channel).name,
-                       "' before the deadline")),
-                   nullptr);
-            },
-            /*essential=*/true);
+  add_timer(
+      timer, deadline, Clock::duration::zero(),
+      [this, corr] {
+        auto it = pending_.find(corr);
+        if (it == pending_.end()) return;
+        Pending p = std::move(it->second);
+        pending_.erase(it);
+        p.fn(absl::DeadlineExceededError(absl::StrCat(
+                 "bus: no reply from '", channel_info(p.channel).name, "' before the deadline")),
+             nullptr);
+      },
+      /*essential=*/true);
   pending_.emplace(corr, Pending{std::move(fn), timer, channel});
 }
 

@@ -40,8 +40,8 @@ void futex_wait(std::atomic<uint32_t>& word, uint32_t expected, std::chrono::nan
     ts.tv_nsec = static_cast<long>(timeout.count() % 1'000'000'000);
     tsp = &ts;
   }
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, tsp,
-          nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, tsp, nullptr,
+          0);
 }
 
 void futex_wake_all(std::atomic<uint32_t>& word) {

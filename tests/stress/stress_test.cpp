@@ -1,9 +1,9 @@
 // Millions of messages through producers, executors, services and plain subscribers: each
 // arrives exactly once and in per-producer order.
-#include <bus/bus.hpp>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bus/bus.hpp>
 #include <thread>
 #include <vector>
 
@@ -19,7 +19,8 @@ struct Msg {
 };
 inline const bus::Topic<Msg> fanout{"stress.fanout"};
 inline const bus::Queue<Msg> work{"stress.work"};
-inline const bus::Queue<Msg> keyed{"stress.keyed", +[](const Msg& m) -> uint64_t { return m.producer; }};
+inline const bus::Queue<Msg> keyed{"stress.keyed",
+                                   +[](const Msg& m) -> uint64_t { return m.producer; }};
 inline const bus::Topic<Msg> forwarded{"stress.forwarded"};
 
 constexpr uint32_t kProducers = 4;
@@ -57,9 +58,12 @@ struct Forwarder {
 TEST(Stress, EveryMessageArrivesExactlyOnceAndInProducerOrder) {
   bus::Bus bus(bus::Options().executors(3).ring_bytes(16 * 1024));
   Checker plain_a, plain_b, after_forward;
-  auto sa = bus.subscribe(fanout, [&](const Msg& m) { plain_a.see(m); }, bus::on_executor(0));
-  auto sb = bus.subscribe(fanout, [&](const Msg& m) { plain_b.see(m); }, bus::on_executor(2));
-  auto sf = bus.subscribe(forwarded, [&](const Msg& m) { after_forward.see(m); }, bus::on_executor(0));
+  auto sa = bus.subscribe(
+      fanout, [&](const Msg& m) { plain_a.see(m); }, bus::on_executor(0));
+  auto sb = bus.subscribe(
+      fanout, [&](const Msg& m) { plain_b.see(m); }, bus::on_executor(2));
+  auto sf = bus.subscribe(
+      forwarded, [&](const Msg& m) { after_forward.see(m); }, bus::on_executor(0));
   auto fwd = bus.service<Forwarder>(bus::on_executor(1), Forwarder{&bus, {}, 0});
   fwd.subscribe(fanout, &Forwarder::on);
   auto shards = bus.sharded<Shard>(3);
@@ -67,7 +71,8 @@ TEST(Stress, EveryMessageArrivesExactlyOnceAndInProducerOrder) {
   std::vector<std::atomic<uint64_t>> pooled(kProducers);
   std::vector<bus::Subscription> pool;
   for (unsigned e = 0; e < 3; ++e) {
-    pool.push_back(bus.consume(work, [&](Msg&& m) { pooled[m.producer]++; }, bus::on_executor(e)));
+    pool.push_back(bus.consume(
+        work, [&](Msg&& m) { pooled[m.producer]++; }, bus::on_executor(e)));
   }
 
   std::vector<std::thread> producers;
@@ -89,7 +94,8 @@ TEST(Stress, EveryMessageArrivesExactlyOnceAndInProducerOrder) {
   for (Checker* c : {&plain_a, &plain_b, &fwd.state().checker, &after_forward}) {
     EXPECT_EQ(c->count, total);
     EXPECT_EQ(c->out_of_order, 0u);
-    for (uint32_t p = 0; p < kProducers; ++p) EXPECT_EQ(c->last[p], static_cast<int64_t>(kPerProducer) - 1);
+    for (uint32_t p = 0; p < kProducers; ++p)
+      EXPECT_EQ(c->last[p], static_cast<int64_t>(kPerProducer) - 1);
   }
   EXPECT_EQ(fwd.state().refused, 0u);
   uint64_t sharded_total = 0;

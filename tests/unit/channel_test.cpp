@@ -1,7 +1,7 @@
 // Channels are typed: the wrong message type does not compile, one name has one type.
-#include <bus/bus.hpp>
 #include <gtest/gtest.h>
 
+#include <bus/bus.hpp>
 #include <string>
 
 namespace {
@@ -18,13 +18,21 @@ inline const bus::Queue<Order> orders{"channel_test.orders"};
 inline const bus::Endpoint<Order, std::string> lookup{"channel_test.lookup"};
 
 template <class Ch, class M>
-concept CanPublish = requires(bus::Bus& b, const Ch& ch, M m) { b.publish(ch, m); };
+concept CanPublish = requires(bus::Bus& b, const Ch& ch, M m) {
+  b.publish(ch, m);
+};
 template <class Ch, class M>
-concept CanSend = requires(bus::Bus& b, const Ch& ch, M m) { b.send(ch, m); };
+concept CanSend = requires(bus::Bus& b, const Ch& ch, M m) {
+  b.send(ch, m);
+};
 template <class Ch, class M>
-concept CanCall = requires(bus::Bus& b, const Ch& ch, M m) { b.call(ch, m, std::chrono::seconds(1)); };
+concept CanCall = requires(bus::Bus& b, const Ch& ch, M m) {
+  b.call(ch, m, std::chrono::seconds(1));
+};
 template <class Ch, class F>
-concept CanSubscribe = requires(bus::Bus& b, const Ch& ch, F f) { b.subscribe(ch, f); };
+concept CanSubscribe = requires(bus::Bus& b, const Ch& ch, F f) {
+  b.subscribe(ch, f);
+};
 
 TEST(Channel, PublishingTheWrongTypeDoesNotCompile) {
   static_assert(CanPublish<bus::Topic<Tick>, Tick>);

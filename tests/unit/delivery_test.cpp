@@ -1,8 +1,8 @@
 // Topics fan out, queues deliver each message once, order holds per producer.
-#include <bus/bus.hpp>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bus/bus.hpp>
 #include <mutex>
 #include <set>
 #include <string>
@@ -40,8 +40,10 @@ TEST(Delivery, EverySubscriberGetsEveryMessage) {
 TEST(Delivery, SubscribersOnOneExecutorShareOneCopyAndKeepOrder) {
   bus::Bus bus(bus::Options().executors(2));
   std::vector<int> a, b;
-  auto s1 = bus.subscribe(seqs, [&](const Seq& s) { a.push_back(s.n); }, bus::on_executor(1));
-  auto s2 = bus.subscribe(seqs, [&](const Seq& s) { b.push_back(s.n); }, bus::on_executor(1));
+  auto s1 = bus.subscribe(
+      seqs, [&](const Seq& s) { a.push_back(s.n); }, bus::on_executor(1));
+  auto s2 = bus.subscribe(
+      seqs, [&](const Seq& s) { b.push_back(s.n); }, bus::on_executor(1));
   for (int n = 0; n < 5000; ++n) ASSERT_TRUE(bus.publish(seqs, Seq{0, n}).ok());
   ASSERT_TRUE(bus.stop().ok());
   ASSERT_EQ(a.size(), 5000u);
@@ -96,7 +98,8 @@ TEST(Delivery, NonTrivialMessagesArriveIntactAcrossRingWraps) {
   std::vector<std::string> got;
   auto sub = bus.subscribe(words, [&](const std::string& w) { got.push_back(w); });
   std::vector<std::string> sent;
-  for (int i = 0; i < 3000; ++i) sent.push_back(std::string(static_cast<std::size_t>(i % 97), 'x') + std::to_string(i));
+  for (int i = 0; i < 3000; ++i)
+    sent.push_back(std::string(static_cast<std::size_t>(i % 97), 'x') + std::to_string(i));
   for (auto& w : sent) ASSERT_TRUE(bus.publish(words, w).ok());
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_EQ(got, sent);
@@ -132,8 +135,10 @@ TEST(Delivery, UnsubscribedHandlerIsNotCalledAgain) {
 TEST(Delivery, RemovedQueueConsumerHandsItsMessagesToAnother) {
   bus::Bus bus(bus::Options().executors(2));
   std::atomic<int> a{0}, b{0};
-  auto first = bus.consume(jobs, [&](Seq&&) { a++; }, bus::on_executor(0));
-  auto second = bus.consume(jobs, [&](Seq&&) { b++; }, bus::on_executor(1));
+  auto first = bus.consume(
+      jobs, [&](Seq&&) { a++; }, bus::on_executor(0));
+  auto second = bus.consume(
+      jobs, [&](Seq&&) { b++; }, bus::on_executor(1));
   std::thread producer([&] {
     for (int n = 0; n < 20000; ++n) ASSERT_TRUE(bus.send(jobs, Seq{0, n}).ok());
   });

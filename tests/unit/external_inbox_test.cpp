@@ -1,12 +1,12 @@
 // An ExternalInbox driven by a real poll() loop: what it subscribes to and the replies to what
 // its thread asks for run inside drain(), on the loop's thread.
-#include <bus/bus.hpp>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <bus/bus.hpp>
 #include <cerrno>
 #include <chrono>
 #include <functional>
@@ -28,9 +28,9 @@ bool eventually(F done) {
   return true;
 }
 
-thread_local bool t_on_loop = false;          // the calling thread is a Loop's
-thread_local bool t_in_drain = false;         // ... and is inside ExternalInbox::drain()
-thread_local int t_last_poll_timeout = -2;    // ... whose last poll() had this timeout (ms)
+thread_local bool t_on_loop = false;        // the calling thread is a Loop's
+thread_local bool t_in_drain = false;       // ... and is inside ExternalInbox::drain()
+thread_local int t_last_poll_timeout = -2;  // ... whose last poll() had this timeout (ms)
 
 /// An event loop that is not an executor: a thread owning an ExternalInbox, blocked in poll() on
 /// its eventfd (and a quit eventfd) with a timeout taken from next_timer(), draining on wake-up.
@@ -70,9 +70,10 @@ class Loop {
       int timeout = -1;  // no timer: park until the eventfd is written
       if (auto next = inbox.next_timer()) {
         auto left = *next - bus::Clock::now();
-        timeout = left <= bus::Clock::duration::zero()
-                      ? 0
-                      : static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(left).count());
+        timeout =
+            left <= bus::Clock::duration::zero()
+                ? 0
+                : static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(left).count());
       }
       pollfd fds[2] = {{inbox.fd(), POLLIN, 0}, {quit_, POLLIN, 0}};
       t_last_poll_timeout = timeout;
@@ -136,7 +137,7 @@ TEST(ExternalInbox, SubscriberReceivesWhatOtherThreadsPublish) {
   constexpr int kPerThread = 20000;
   std::atomic<int> received{0};
   std::atomic<int> out_of_order{0};
-  std::atomic<int> off_loop{0};  // handler runs outside the loop's drain()
+  std::atomic<int> off_loop{0};         // handler runs outside the loop's drain()
   std::vector<int> last(kThreads, -1);  // loop thread only
   bus::Bus bus(bus::Options().executors(2));
   Loop loop(bus, [&](bus::ExternalInbox& inbox, std::vector<bus::Subscription>& subs) {
@@ -170,7 +171,8 @@ TEST(ExternalInbox, RequestFromTheLoopThreadIsAnsweredOnTheLoopThread) {
   };
   Answer answer;
   bus::Bus bus(bus::Options().executors(2));
-  auto server = bus.serve(twice, [](int v) { return 2 * v; }, bus::on_executor(0));
+  auto server = bus.serve(
+      twice, [](int v) { return 2 * v; }, bus::on_executor(0));
   Loop loop(bus, [&](bus::ExternalInbox&, std::vector<bus::Subscription>&) {
     bus.request(twice, 21, 30s, [&](absl::StatusOr<int> r) {
       answer.code = r.status().code();
@@ -217,10 +219,13 @@ TEST(ExternalInbox, DeadlineExceededIsDeliveredInsideDrain) {
   Gate gate;
   bus::Bus bus(bus::Options().executors(2));
   // The handler replies only once the test saw the deadline pass: never in time.
-  auto server = bus.serve(stalled, [&](int v) {
-    gate.wait();
-    return v;
-  }, bus::on_executor(0));
+  auto server = bus.serve(
+      stalled,
+      [&](int v) {
+        gate.wait();
+        return v;
+      },
+      bus::on_executor(0));
   OpenOnExit open_on_exit{gate};  // before `server` goes: its cancel waits for the handler
   Loop loop(bus, [&](bus::ExternalInbox&, std::vector<bus::Subscription>&) {
     bus.request(stalled, 1, 50ms, [&](absl::StatusOr<int> r) {

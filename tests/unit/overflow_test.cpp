@@ -1,8 +1,8 @@
 // Every ring is bounded; a full one applies the channel's policy and never loses silently.
-#include <bus/bus.hpp>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bus/bus.hpp>
 #include <thread>
 #include <vector>
 
@@ -29,7 +29,13 @@ TEST(Overflow, BlockPolicyMakesTheProducerWaitAndLosesNothing) {
   bus::Bus bus(small());
   Gate gate;
   std::atomic<long> got{0};
-  auto slow = bus.subscribe(blocking, [&](const long& v) { gate.wait(); got += v; }, bus::on_executor(0));
+  auto slow = bus.subscribe(
+      blocking,
+      [&](const long& v) {
+        gate.wait();
+        got += v;
+      },
+      bus::on_executor(0));
   std::atomic<int> published{0};
   std::thread producer([&] {
     for (long i = 1; i <= 1000; ++i) {
@@ -50,7 +56,13 @@ TEST(Overflow, FailPolicyReturnsResourceExhaustedAndCounts) {
   bus::Bus bus(small());
   Gate gate;
   std::atomic<long> got{0};
-  auto slow = bus.subscribe(failing, [&](const long&) { gate.wait(); got++; }, bus::on_executor(0));
+  auto slow = bus.subscribe(
+      failing,
+      [&](const long&) {
+        gate.wait();
+        got++;
+      },
+      bus::on_executor(0));
   long accepted = 0, refused = 0;
   for (long i = 0; i < 1000; ++i) {
     absl::Status s = bus.publish(failing, i);
@@ -72,8 +84,15 @@ TEST(Overflow, DropPolicyCountsWhatItDropsAndOthersKeepReceiving) {
   bus::Bus bus(small());
   Gate gate;
   std::atomic<long> slow_got{0}, fast_got{0};
-  auto slow = bus.subscribe(dropping, [&](const long&) { gate.wait(); slow_got++; }, bus::on_executor(0));
-  auto fast = bus.subscribe(dropping, [&](const long&) { fast_got++; }, bus::on_executor(1));
+  auto slow = bus.subscribe(
+      dropping,
+      [&](const long&) {
+        gate.wait();
+        slow_got++;
+      },
+      bus::on_executor(0));
+  auto fast = bus.subscribe(
+      dropping, [&](const long&) { fast_got++; }, bus::on_executor(1));
   for (long i = 0; i < 1000; ++i) ASSERT_TRUE(bus.publish(dropping, i).ok());
   gate.open = true;
   ASSERT_TRUE(bus.stop().ok());
@@ -88,8 +107,10 @@ TEST(Overflow, SlowSubscriberDoesNotStopOthersUnderFailPolicy) {
   bus::Bus bus(small());
   Gate gate;
   std::atomic<long> fast_got{0};
-  auto slow = bus.subscribe(failing, [&](const long&) { gate.wait(); }, bus::on_executor(0));
-  auto fast = bus.subscribe(failing, [&](const long&) { fast_got++; }, bus::on_executor(1));
+  auto slow = bus.subscribe(
+      failing, [&](const long&) { gate.wait(); }, bus::on_executor(0));
+  auto fast = bus.subscribe(
+      failing, [&](const long&) { fast_got++; }, bus::on_executor(1));
   // In lockstep with the fast subscriber, so only the stalled one's ring can fill.
   long refused = 0;
   for (long i = 0; i < 200; ++i) {
@@ -110,24 +131,32 @@ TEST(Overflow, ExecutorsFloodingEachOtherDoNotDeadlock) {
   constexpr long kBurst = 5000, kHops = 20;
   std::atomic<long> pings{0}, pongs{0};
   std::atomic<long> refused{0};
-  auto on_ping = bus.subscribe(ping, [&](const long& hop) {
-    pings++;
-    if (hop == 0) {
-      for (long i = 0; i < kBurst; ++i) {
-        if (!bus.publish(pong, kHops).ok()) refused++;
-      }
-    }
-    if (hop > 1 && !bus.publish(pong, hop - 1).ok()) refused++;
-  }, bus::on_executor(0));
-  auto on_pong = bus.subscribe(pong, [&](const long& hop) {
-    pongs++;
-    if (hop > 1 && !bus.publish(ping, hop - 1).ok()) refused++;
-  }, bus::on_executor(1));
-  ASSERT_TRUE(bus.post(bus::on_executor(1), [&] {
-    for (long i = 0; i < kBurst; ++i) {
-      if (!bus.publish(ping, kHops).ok()) refused++;
-    }
-  }).ok());
+  auto on_ping = bus.subscribe(
+      ping,
+      [&](const long& hop) {
+        pings++;
+        if (hop == 0) {
+          for (long i = 0; i < kBurst; ++i) {
+            if (!bus.publish(pong, kHops).ok()) refused++;
+          }
+        }
+        if (hop > 1 && !bus.publish(pong, hop - 1).ok()) refused++;
+      },
+      bus::on_executor(0));
+  auto on_pong = bus.subscribe(
+      pong,
+      [&](const long& hop) {
+        pongs++;
+        if (hop > 1 && !bus.publish(ping, hop - 1).ok()) refused++;
+      },
+      bus::on_executor(1));
+  ASSERT_TRUE(bus.post(bus::on_executor(1),
+                       [&] {
+                         for (long i = 0; i < kBurst; ++i) {
+                           if (!bus.publish(ping, kHops).ok()) refused++;
+                         }
+                       })
+                  .ok());
   ASSERT_TRUE(bus.publish(ping, 0L).ok());
   ASSERT_TRUE(bus.stop().ok());  // returns only once nothing is in flight
   EXPECT_EQ(refused.load(), 0);

@@ -1,8 +1,8 @@
 // Request/reply: every request gets its reply or a status, on the caller's own executor.
-#include <bus/bus.hpp>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bus/bus.hpp>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -28,17 +28,21 @@ TEST(Request, BlockingCallReturnsTheReply) {
 
 TEST(Request, ReplyCallbackRunsOnTheRequestersExecutor) {
   bus::Bus bus(bus::Options().executors(3));
-  auto server = bus.serve(greet, [](std::string&& n) { return n + "!"; }, bus::on_executor(2));
+  auto server = bus.serve(
+      greet, [](std::string&& n) { return n + "!"; }, bus::on_executor(2));
   std::atomic<int> where{-1};
   std::atomic<bool> done{false};
   std::string got;
-  auto sub = bus.subscribe(kick, [&](const int&) {
-    bus.request(greet, std::string("hi"), 5s, [&](absl::StatusOr<std::string> r) {
-      where = static_cast<int>(bus.current_executor().value_or(99));
-      got = r.value_or("error");
-      done = true;
-    });
-  }, bus::on_executor(1));
+  auto sub = bus.subscribe(
+      kick,
+      [&](const int&) {
+        bus.request(greet, std::string("hi"), 5s, [&](absl::StatusOr<std::string> r) {
+          where = static_cast<int>(bus.current_executor().value_or(99));
+          got = r.value_or("error");
+          done = true;
+        });
+      },
+      bus::on_executor(1));
   ASSERT_TRUE(bus.publish(kick, 1).ok());
   while (!done.load()) std::this_thread::yield();
   EXPECT_EQ(where.load(), 1);
@@ -48,18 +52,23 @@ TEST(Request, ReplyCallbackRunsOnTheRequestersExecutor) {
 TEST(Request, DeadlineFiresAndTheLateReplyIsDroppedAndCounted) {
   bus::Bus bus(bus::Options().executors(2));
   std::atomic<bool> release{false};
-  auto server = bus.serve(slow, [&](int&& v) {
-    while (!release.load()) std::this_thread::yield();
-    return v;
-  }, bus::on_executor(1));
+  auto server = bus.serve(
+      slow,
+      [&](int&& v) {
+        while (!release.load()) std::this_thread::yield();
+        return v;
+      },
+      bus::on_executor(1));
   std::atomic<int> code{-1};
   std::atomic<int> callbacks{0};
-  ASSERT_TRUE(bus.post(bus::on_executor(0), [&] {
-    bus.request(slow, 7, 20ms, [&](absl::StatusOr<int> r) {
-      callbacks++;
-      code = static_cast<int>(r.status().code());
-    });
-  }).ok());
+  ASSERT_TRUE(bus.post(bus::on_executor(0),
+                       [&] {
+                         bus.request(slow, 7, 20ms, [&](absl::StatusOr<int> r) {
+                           callbacks++;
+                           code = static_cast<int>(r.status().code());
+                         });
+                       })
+                  .ok());
   while (code.load() < 0) std::this_thread::yield();
   EXPECT_EQ(code.load(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
   release = true;
@@ -108,7 +117,8 @@ TEST(Request, NoHandlerIsUnavailableAtOnce) {
   bus::Bus bus(bus::Options().executors(2));
   EXPECT_EQ(bus.call(nobody, 1, 1h).status().code(), absl::StatusCode::kUnavailable);
   std::atomic<int> code{-1};
-  bus.request(nobody, 1, 1h, [&](absl::StatusOr<int> r) { code = static_cast<int>(r.status().code()); });
+  bus.request(nobody, 1, 1h,
+              [&](absl::StatusOr<int> r) { code = static_cast<int>(r.status().code()); });
   while (code.load() < 0) std::this_thread::yield();
   EXPECT_EQ(code.load(), static_cast<int>(absl::StatusCode::kUnavailable));
 }
@@ -117,9 +127,12 @@ TEST(Request, CallFromAnExecutorIsRefusedRatherThanBlocking) {
   bus::Bus bus(bus::Options().executors(2));
   auto server = bus.serve(greet, [](std::string&& n) { return n; });
   std::atomic<int> code{-1};
-  ASSERT_TRUE(bus.post(bus::on_executor(0), [&] {
-    code = static_cast<int>(bus.call(greet, std::string("x"), 1s).status().code());
-  }).ok());
+  ASSERT_TRUE(bus.post(bus::on_executor(0),
+                       [&] {
+                         code = static_cast<int>(
+                             bus.call(greet, std::string("x"), 1s).status().code());
+                       })
+                  .ok());
   while (code.load() < 0) std::this_thread::yield();
   EXPECT_EQ(code.load(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
 }
@@ -131,14 +144,16 @@ TEST(Request, ManyConcurrentRequestsAllComplete) {
   std::atomic<long> sum{0};
   std::atomic<int> done{0};
   constexpr int kN = 20000;
-  ASSERT_TRUE(bus.post(bus::on_executor(0), [&] {
-    for (int i = 0; i < kN; ++i) {
-      bus.request(refuser, int{i}, 30s, [&](absl::StatusOr<int> r) {
-        sum += r.value_or(-1000000);
-        done++;
-      });
-    }
-  }).ok());
+  ASSERT_TRUE(bus.post(bus::on_executor(0),
+                       [&] {
+                         for (int i = 0; i < kN; ++i) {
+                           bus.request(refuser, int{i}, 30s, [&](absl::StatusOr<int> r) {
+                             sum += r.value_or(-1000000);
+                             done++;
+                           });
+                         }
+                       })
+                  .ok());
   while (done.load() < kN) std::this_thread::yield();
   EXPECT_EQ(sum.load(), 2L * (kN - 1) * kN / 2);
 }

@@ -178,10 +178,12 @@ TEST(Ring, RecordNeverSplitsAcrossTheEnd) {
   ring.publish();
   EXPECT_EQ(ring.depth_words(), 2u + 5u);
   uint64_t* seen = nullptr;
-  EXPECT_EQ(ring.consume(SIZE_MAX, [&](uint64_t* rec) {
-    seen = rec;
-    return reader(rec);
-  }), 1u);
+  EXPECT_EQ(ring.consume(SIZE_MAX,
+                         [&](uint64_t* rec) {
+                           seen = rec;
+                           return reader(rec);
+                         }),
+            1u);
   EXPECT_EQ(seen, base);
   EXPECT_EQ(reader.bad, 0u);
   EXPECT_EQ(reader.next, 4u);
@@ -199,8 +201,10 @@ TEST(Ring, WholeBufferRecordFillsTheRing) {
   EXPECT_EQ(ring.try_reserve(1), nullptr);
   ring.publish();
   uint32_t words = 0;
-  EXPECT_EQ(ring.consume(SIZE_MAX, [&](uint64_t* rec) { return words = static_cast<uint32_t>(rec[0] & 0xff); }),
-            1u);
+  EXPECT_EQ(
+      ring.consume(SIZE_MAX,
+                   [&](uint64_t* rec) { return words = static_cast<uint32_t>(rec[0] & 0xff); }),
+      1u);
   EXPECT_EQ(words, 64u);
   ring.release();
   EXPECT_EQ(ring.try_reserve(64), base);

@@ -1,9 +1,9 @@
 // A Service runs its handlers one at a time on its own executor; pool() and sharded() spread
 // instances over the queues and endpoints they consume.
-#include <bus/bus.hpp>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bus/bus.hpp>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -200,7 +200,8 @@ TEST(Service, PostRunsOnTheServiceExecutorWithItsState) {
 
 TEST(Service, RequestCallbackRunsOnTheServiceExecutor) {
   bus::Bus bus(bus::Options().executors(3));
-  auto server = bus.serve(doubler, [](int v) { return 2 * v; }, bus::on_executor(0));
+  auto server = bus.serve(
+      doubler, [](int v) { return 2 * v; }, bus::on_executor(0));
   auto svc = bus.service<Asker>(bus::on_executor(2));
   // From a plain thread (the request is posted to the service's executor) ...
   svc.request(doubler, 21, 30s, [&bus](Asker& s, absl::StatusOr<int> r) {
@@ -222,7 +223,8 @@ TEST(Service, RequestCallbackRunsOnTheServiceExecutor) {
 
 TEST(Service, RequestFromItsOwnHandlerCallsBackOnTheServiceExecutor) {
   bus::Bus bus(bus::Options().executors(3));
-  auto server = bus.serve(doubler, [](int v) { return 2 * v; }, bus::on_executor(0));
+  auto server = bus.serve(
+      doubler, [](int v) { return 2 * v; }, bus::on_executor(0));
   auto svc = bus.service<Asker>(bus::on_executor(1));
   // ... and from the service's own executor (the request is made in place).
   ASSERT_TRUE(svc.post([&bus, svc](Asker&) mutable {
@@ -232,7 +234,8 @@ TEST(Service, RequestFromItsOwnHandlerCallsBackOnTheServiceExecutor) {
                      if (r.ok()) s.reply = *r;
                      s.callbacks.fetch_add(1);
                    });
-                 }).ok());
+                 })
+                  .ok());
   ASSERT_TRUE(eventually([&] { return svc.state().callbacks.load() == 1; }));
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_EQ(svc.state().code, absl::StatusCode::kOk);
@@ -275,11 +278,13 @@ TEST(Service, SubscriptionMadeInItsOwnHandlerGetsMessagesPublishedAfterIt) {
   });
   while (step.load() != 1) step.wait(0);
   ASSERT_TRUE(svc.post([svc, &step](Seen&) mutable {
-                   svc.subscribe(subscribed_late, [](Seen& s, const int& v) { s.got.push_back(v); });
+                   svc.subscribe(subscribed_late,
+                                 [](Seen& s, const int& v) { s.got.push_back(v); });
                    step.store(2);
                    step.notify_all();
                    while (step.load() != 3) step.wait(2);
-                 }).ok());
+                 })
+                  .ok());
   publisher.join();
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_EQ(svc.state().got, std::vector<int>{7});

@@ -1,8 +1,8 @@
 // stop() stops intake and drains: nothing accepted is lost, nothing waits forever.
-#include <bus/bus.hpp>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bus/bus.hpp>
 #include <thread>
 #include <vector>
 
@@ -60,7 +60,8 @@ TEST(Shutdown, WorkThatExecutorsSendOnDuringTheDrainIsDelivered) {
 TEST(Shutdown, PendingRequestsAreReportedNotLost) {
   bus::Bus bus(bus::Options().executors(2));
   std::atomic<int> replies{0}, statuses{0};
-  auto server = bus.serve(echo, [](long&& v) { return v; }, bus::on_executor(1));
+  auto server = bus.serve(
+      echo, [](long&& v) { return v; }, bus::on_executor(1));
   for (int i = 0; i < 1000; ++i) {
     bus.request(echo, long{i}, std::chrono::seconds(30), [&](absl::StatusOr<long> r) {
       if (r.ok()) {
@@ -88,7 +89,8 @@ TEST(Shutdown, StopIsIdempotentAndDestructionStops) {
 TEST(Shutdown, StopFromAnExecutorIsRefused) {
   bus::Bus bus(bus::Options().executors(1));
   std::atomic<int> code{-1};
-  ASSERT_TRUE(bus.post(bus::on_executor(0), [&] { code = static_cast<int>(bus.stop().code()); }).ok());
+  ASSERT_TRUE(
+      bus.post(bus::on_executor(0), [&] { code = static_cast<int>(bus.stop().code()); }).ok());
   while (code.load() < 0) std::this_thread::yield();
   EXPECT_EQ(code.load(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
 }
@@ -109,7 +111,8 @@ TEST(Shutdown, ThreadsThatExitLeaveNothingBehind) {
     for (auto& in : bus.stats().inboxes) n += in.rings;
     return n;
   };
-  for (int i = 0; i < 10000 && rings() > 10; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 0; i < 10000 && rings() > 10; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_LE(rings(), 10u);
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_EQ(got.load(), 5000);

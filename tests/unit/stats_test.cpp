@@ -1,9 +1,9 @@
 // stats(): exact per-channel counts once the bus stopped, failures counted where they happen,
 // and the inboxes with their rings.
-#include <bus/bus.hpp>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bus/bus.hpp>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
@@ -67,9 +67,12 @@ bus::ChannelStats channel(const bus::Stats& stats, const char* name) {
 
 TEST(Stats, CountsPublishedAndDeliveredPerChannel) {
   bus::Bus bus(bus::Options().executors(2));
-  auto a = bus.subscribe(counted_ticks, [](const int&) {}, bus::on_executor(0));
-  auto b = bus.subscribe(counted_ticks, [](const int&) {}, bus::on_executor(1));
-  auto c = bus.subscribe(counted_ticks, [](const int&) {}, bus::on_executor(1));
+  auto a = bus.subscribe(
+      counted_ticks, [](const int&) {}, bus::on_executor(0));
+  auto b = bus.subscribe(
+      counted_ticks, [](const int&) {}, bus::on_executor(1));
+  auto c = bus.subscribe(
+      counted_ticks, [](const int&) {}, bus::on_executor(1));
   auto jobs = bus.consume(counted_jobs, [](int) {});
   auto asks = bus.serve(counted_asks, [](int v) { return v; });
 
@@ -113,10 +116,14 @@ TEST(Stats, ThrowingSubscriberIsCountedAndTheOtherStillGetsEverything) {
   std::atomic<int> got{0};
   bus::Bus bus(bus::Options().executors(2));
   // Both on one executor, the throwing one first: they share one record.
-  auto thrower = bus.subscribe(fragile, [](const int&) {
-    throw std::runtime_error("stats_test: a subscriber that fails on purpose");
-  }, bus::on_executor(0));
-  auto counter = bus.subscribe(fragile, [&](const int&) { got.fetch_add(1); }, bus::on_executor(0));
+  auto thrower = bus.subscribe(
+      fragile,
+      [](const int&) {
+        throw std::runtime_error("stats_test: a subscriber that fails on purpose");
+      },
+      bus::on_executor(0));
+  auto counter = bus.subscribe(
+      fragile, [&](const int&) { got.fetch_add(1); }, bus::on_executor(0));
   constexpr int kN = 500;
   for (int i = 0; i < kN; ++i) ASSERT_TRUE(bus.publish(fragile, i).ok());
   ASSERT_TRUE(bus.stop().ok());
@@ -132,11 +139,14 @@ TEST(Stats, ReplyAfterACallGaveUpIsALateReply) {
   Gate gate;
   std::atomic<bool> entered{false};
   bus::Bus bus(bus::Options().executors(2));
-  auto server = bus.serve(slow_for_call, [&](int v) {
-    entered.store(true);
-    gate.wait();
-    return v;
-  }, bus::on_executor(0));
+  auto server = bus.serve(
+      slow_for_call,
+      [&](int v) {
+        entered.store(true);
+        gate.wait();
+        return v;
+      },
+      bus::on_executor(0));
   OpenOnExit open_on_exit{gate};
   absl::StatusOr<int> r = bus.call(slow_for_call, 1, 300ms);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -156,19 +166,24 @@ TEST(Stats, ReplyAfterARequestTimedOutIsALateReply) {
   std::atomic<bool> called_back{false};
   absl::StatusCode code = absl::StatusCode::kUnknown;
   bus::Bus bus(bus::Options().executors(2));
-  auto server = bus.serve(slow_for_request, [&](int v) {
-    entered.store(true);
-    gate.wait();
-    return v;
-  }, bus::on_executor(0));
+  auto server = bus.serve(
+      slow_for_request,
+      [&](int v) {
+        entered.store(true);
+        gate.wait();
+        return v;
+      },
+      bus::on_executor(0));
   OpenOnExit open_on_exit{gate};
   // Asked from executor 1, whose deadline timer is free to fire while executor 0 is held.
-  ASSERT_TRUE(bus.post(bus::on_executor(1), [&] {
-                   bus.request(slow_for_request, 1, 300ms, [&](absl::StatusOr<int> r) {
-                     code = r.status().code();
-                     called_back.store(true);
-                   });
-                 }).ok());
+  ASSERT_TRUE(bus.post(bus::on_executor(1),
+                       [&] {
+                         bus.request(slow_for_request, 1, 300ms, [&](absl::StatusOr<int> r) {
+                           code = r.status().code();
+                           called_back.store(true);
+                         });
+                       })
+                  .ok());
   ASSERT_TRUE(eventually([&] { return called_back.load(); }));
   EXPECT_EQ(code, absl::StatusCode::kDeadlineExceeded);
   gate.open();
@@ -184,10 +199,13 @@ TEST(Stats, RequestWhoseDeadlinePassedBeforeAHandlerRanIsExpired) {
   Gate gate;
   std::atomic<int> handled{0};
   bus::Bus bus(bus::Options().executors(2));
-  auto server = bus.serve(behind, [&](int v) {
-    handled.fetch_add(1);
-    return v;
-  }, bus::on_executor(0));
+  auto server = bus.serve(
+      behind,
+      [&](int v) {
+        handled.fetch_add(1);
+        return v;
+      },
+      bus::on_executor(0));
   OpenOnExit open_on_exit{gate};
   // Executor 0 is held until the caller has given up: the handler's turn comes too late.
   ASSERT_TRUE(bus.post(bus::on_executor(0), [&] { gate.wait(); }).ok());
@@ -206,10 +224,13 @@ TEST(Stats, DroppedMessagesAreCountedAndNotDelivered) {
   Gate gate;
   std::atomic<int> got{0};
   bus::Bus bus(bus::Options().executors(2).ring_bytes(512));  // 32 two-word records
-  auto sub = bus.subscribe(lossy, [&](const int&) {
-    gate.wait();
-    got.fetch_add(1);
-  }, bus::on_executor(0));
+  auto sub = bus.subscribe(
+      lossy,
+      [&](const int&) {
+        gate.wait();
+        got.fetch_add(1);
+      },
+      bus::on_executor(0));
   OpenOnExit open_on_exit{gate};
   constexpr int kN = 200;
   for (int i = 0; i < kN; ++i) ASSERT_TRUE(bus.publish(lossy, i).ok());  // drop-newest: OK
@@ -227,10 +248,13 @@ TEST(Stats, RefusedMessagesAreCountedAsFailed) {
   Gate gate;
   std::atomic<int> got{0};
   bus::Bus bus(bus::Options().executors(2).ring_bytes(512));
-  auto sub = bus.subscribe(strict, [&](const int&) {
-    gate.wait();
-    got.fetch_add(1);
-  }, bus::on_executor(0));
+  auto sub = bus.subscribe(
+      strict,
+      [&](const int&) {
+        gate.wait();
+        got.fetch_add(1);
+      },
+      bus::on_executor(0));
   OpenOnExit open_on_exit{gate};
   constexpr int kN = 200;
   uint64_t accepted = 0;
@@ -265,8 +289,10 @@ TEST(Stats, SendWithoutAConsumerIsRefusedAndCounted) {
 
 TEST(Stats, InboxesReportTheirRingsAndCapacity) {
   bus::Bus bus(bus::Options().executors(2).ring_bytes(4096));
-  auto a = bus.subscribe(spread, [](const int&) {}, bus::on_executor(0));
-  auto b = bus.subscribe(spread, [](const int&) {}, bus::on_executor(1));
+  auto a = bus.subscribe(
+      spread, [](const int&) {}, bus::on_executor(0));
+  auto b = bus.subscribe(
+      spread, [](const int&) {}, bus::on_executor(1));
   ASSERT_TRUE(bus.publish(spread, 1).ok());
   ASSERT_TRUE(bus.stop().ok());
 
@@ -285,7 +311,8 @@ TEST(Stats, InboxesReportTheirRingsAndCapacity) {
 }
 
 TEST(Stats, RingSizeIsRoundedUpToAPowerOfTwoOfAtLeast512Bytes) {
-  for (auto [asked, got] : {std::pair<std::size_t, uint64_t>{1000, 1024}, {100, 512}, {4096, 4096}}) {
+  for (auto [asked, got] :
+       {std::pair<std::size_t, uint64_t>{1000, 1024}, {100, 512}, {4096, 4096}}) {
     bus::Bus bus(bus::Options().executors(1).ring_bytes(asked));
     ASSERT_TRUE(bus.post(bus::on_executor(0), [] {}).ok());
     ASSERT_TRUE(bus.stop().ok());

@@ -1,10 +1,10 @@
 // Timers: after() fires once and every() until cancelled, on the executor asked for; a timer
 // callback that throws leaves its executor running.
-#include <bus/bus.hpp>
 #include <gtest/gtest.h>
 
 #include <array>
 #include <atomic>
+#include <bus/bus.hpp>
 #include <chrono>
 #include <mutex>
 #include <stdexcept>
@@ -97,11 +97,14 @@ TEST(Timer, AfterCancelledBeforeItIsDueNeverFires) {
   std::atomic<bool> later{false};
   bus::Bus bus(bus::Options().executors(2));
   // Set and cancelled from the executor itself: both closures run before its next timer pass.
-  ASSERT_TRUE(bus.post(bus::on_executor(1), [&] {
-                   bus::TimerId id = bus.after(bus::on_executor(1), 0ms, [&] { fired.store(true); });
-                   bus.cancel(id);
-                   (void)bus.after(bus::on_executor(1), 5ms, [&] { later.store(true); });
-                 }).ok());
+  ASSERT_TRUE(bus.post(bus::on_executor(1),
+                       [&] {
+                         bus::TimerId id =
+                             bus.after(bus::on_executor(1), 0ms, [&] { fired.store(true); });
+                         bus.cancel(id);
+                         (void)bus.after(bus::on_executor(1), 5ms, [&] { later.store(true); });
+                       })
+                  .ok());
   ASSERT_TRUE(eventually([&] { return later.load(); }));
   EXPECT_FALSE(fired.load());
 }
@@ -128,7 +131,8 @@ TEST(Timer, ServiceTimersGetTheServiceState) {
     s.everys.fetch_add(1);
   });
   ASSERT_TRUE(every);
-  ASSERT_TRUE(eventually([&] { return expected->afters.load() == 1 && expected->everys.load() >= 3; }));
+  ASSERT_TRUE(
+      eventually([&] { return expected->afters.load() == 1 && expected->everys.load() >= 3; }));
   bus.cancel(every);
   int at_cancel = expected->everys.load();
   wait_for_later_timer(bus, 2, 10ms);
@@ -142,7 +146,8 @@ TEST(Timer, ThrowingCallbackDoesNotKillTheExecutor) {
   std::atomic<bool> threw{false};
   std::atomic<int> got{0};
   bus::Bus bus(bus::Options().executors(2));
-  auto sub = bus.subscribe(survivors, [&](const int&) { got.fetch_add(1); }, bus::on_executor(0));
+  auto sub = bus.subscribe(
+      survivors, [&](const int&) { got.fetch_add(1); }, bus::on_executor(0));
   ASSERT_TRUE(bus.after(bus::on_executor(0), 0ms, [&] {
     threw.store(true);
     throw std::runtime_error("timer_test: a timer callback that fails on purpose");

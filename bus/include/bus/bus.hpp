@@ -104,8 +104,8 @@ class Bus {
   absl::Status publish(const Topic<T>& topic, U&& msg);
 
   template <class T, class F>
-    requires std::invocable<F&, const T&>
-  Subscription subscribe(const Topic<T>& topic, F&& handler, Placement where = {});
+  requires std::invocable<F&, const T&> Subscription subscribe(const Topic<T>& topic, F&& handler,
+                                                               Placement where = {});
 
   // ---- queues: one consumer per message --------------------------------------------------------
 
@@ -113,30 +113,32 @@ class Bus {
   absl::Status send(const Queue<T>& queue, U&& msg);
 
   template <class T, class F>
-    requires std::invocable<F&, T&&>
-  Subscription consume(const Queue<T>& queue, F&& handler, Placement where = {});
+  requires std::invocable<F&, T&&> Subscription consume(const Queue<T>& queue, F&& handler,
+                                                        Placement where = {});
 
-  // ---- request / reply ---------------------------------------------------------------------------
+  // ---- request / reply
+  // ---------------------------------------------------------------------------
 
   /// Serves `endpoint`: `handler(Req&&)` returns Rep or absl::StatusOr<Rep>; a throw becomes an
   /// Internal status for the caller.
   template <class Req, class Rep, class F>
-    requires std::invocable<F&, Req&&>
-  Subscription serve(const Endpoint<Req, Rep>& endpoint, F&& handler, Placement where = {});
+  requires std::invocable<F&, Req&&> Subscription serve(const Endpoint<Req, Rep>& endpoint,
+                                                        F&& handler, Placement where = {});
 
   /// Sends a request; `callback(absl::StatusOr<Rep>)` runs exactly once, on the calling
   /// executor (or external inbox), with the reply or a status: DeadlineExceeded, Unavailable (no
   /// handler, bus stopping), Internal (the handler threw), Cancelled (bus stopped first).
   /// From a plain thread the callback runs on an executor the bus picks.
   template <class Req, class Rep, MessageOf<Req> R, class F>
-    requires std::invocable<F&, absl::StatusOr<Rep>>
+  requires std::invocable<F&, absl::StatusOr<Rep>>
   void request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout, F&& callback);
 
   /// Blocks the calling plain thread until the reply or the deadline. Refused on an executor.
   template <class Req, class Rep, MessageOf<Req> R>
   absl::StatusOr<Rep> call(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout);
 
-  // ---- services ----------------------------------------------------------------------------------
+  // ---- services
+  // ----------------------------------------------------------------------------------
 
   /// State `S` pinned to one executor: all its handlers run there, one at a time.
   template <class S, class... A>
@@ -156,14 +158,11 @@ class Bus {
 
   /// Runs `fn()` on executor `where` (any: round-robin).
   template <class F>
-    requires std::invocable<F&>
-  absl::Status post(Placement where, F&& fn);
+  requires std::invocable<F&> absl::Status post(Placement where, F&& fn);
   template <class F>
-    requires std::invocable<F&>
-  TimerId after(Placement where, Clock::duration delay, F&& fn);
+  requires std::invocable<F&> TimerId after(Placement where, Clock::duration delay, F&& fn);
   template <class F>
-    requires std::invocable<F&>
-  TimerId every(Placement where, Clock::duration period, F&& fn);
+  requires std::invocable<F&> TimerId every(Placement where, Clock::duration period, F&& fn);
   void cancel(TimerId timer);
 
   /// Stops intake (publish from plain threads returns Unavailable), lets executors run until
@@ -187,7 +186,8 @@ class Bus {
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
   template <class T>
   detail::TopicState<T>& topic_state(const Topic<T>& t) {
-    return core_->channel_state<detail::TopicState<T>>(t.id(), [] { return new detail::TopicState<T>; });
+    return core_->channel_state<detail::TopicState<T>>(t.id(),
+                                                       [] { return new detail::TopicState<T>; });
   }
   template <class T>
   detail::QueueState<T>& queue_state(const Queue<T>& q) {
@@ -196,9 +196,8 @@ class Bus {
   }
   template <class Req, class Rep>
   detail::EndpointState<Req, Rep>& endpoint_state(const Endpoint<Req, Rep>& e) {
-    return core_->channel_state<detail::EndpointState<Req, Rep>>(e.id(), [&] {
-      return new detail::EndpointState<Req, Rep>(e.id(), e.key(), e.overflow());
-    });
+    return core_->channel_state<detail::EndpointState<Req, Rep>>(
+        e.id(), [&] { return new detail::EndpointState<Req, Rep>(e.id(), e.key(), e.overflow()); });
   }
   template <class T, class F>
   Subscription subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& handler);
@@ -254,8 +253,7 @@ class ExternalInbox {
   void bind_to_this_thread();
 
   template <class T, class F>
-    requires std::invocable<F&, const T&>
-  Subscription subscribe(const Topic<T>& topic, F&& handler) {
+  requires std::invocable<F&, const T&> Subscription subscribe(const Topic<T>& topic, F&& handler) {
     return bus_.subscribe_at(topic, *inbox_, std::forward<F>(handler));
   }
 
@@ -264,7 +262,8 @@ class ExternalInbox {
   detail::Inbox* inbox_;
 };
 
-// ==== services ======================================================================================
+// ==== services
+// ======================================================================================
 
 namespace detail {
 template <class Rep, class F, class... A>
@@ -316,16 +315,19 @@ class Service {
   /// `fn(S&)` after `delay` / every `period`, on the service's executor.
   template <class F>
   TimerId after(Clock::duration delay, F fn) {
-    return bus_->after(on_executor(executor_), delay, [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
+    return bus_->after(on_executor(executor_), delay,
+                       [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
   }
   template <class F>
   TimerId every(Clock::duration period, F fn) {
-    return bus_->every(on_executor(executor_), period, [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
+    return bus_->every(on_executor(executor_), period,
+                       [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
   }
   /// `fn(S&)` on the service's executor.
   template <class F>
   absl::Status post(F fn) {
-    return bus_->post(on_executor(executor_), [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
+    return bus_->post(on_executor(executor_),
+                      [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
   }
   /// A request made by the service: `callback(S&, absl::StatusOr<Rep>)` runs on its executor.
   template <class Req, class Rep, class F>
@@ -335,8 +337,9 @@ class Service {
     auto go = [bus, &endpoint, s = state_, req = std::move(req), deadline,
                cb = std::move(callback)]() mutable {
       auto& p = bus->core_->producer();
-      bus->request_from(p, *p.own_inbox, endpoint, std::move(req), deadline,
-                        [s, cb = std::move(cb)](absl::StatusOr<Rep> r) mutable { cb(*s, std::move(r)); });
+      bus->request_from(
+          p, *p.own_inbox, endpoint, std::move(req), deadline,
+          [s, cb = std::move(cb)](absl::StatusOr<Rep> r) mutable { cb(*s, std::move(r)); });
     };
     if (bus_->current_executor() == executor_) {
       go();
@@ -384,16 +387,17 @@ class ServiceGroup {
   friend class Bus;
   void check_keyed(bool keyed, const std::string& name) const {
     if (sharded_ && !keyed) {
-      throw std::invalid_argument(absl::StrCat(
-          "bus: a sharded service consumes keyed channels; '", name,
-          "' has no key function (declare it with one, or use pool())"));
+      throw std::invalid_argument(
+          absl::StrCat("bus: a sharded service consumes keyed channels; '", name,
+                       "' has no key function (declare it with one, or use pool())"));
     }
   }
   std::vector<Service<S>> members_;
   bool sharded_ = false;
 };
 
-// ==== implementation ===============================================================================
+// ==== implementation
+// ===============================================================================
 
 template <class T, MessageOf<T> U>
 absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
@@ -413,8 +417,8 @@ absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
       last = t;
     }
     if (last) {
-      absl::Status s = c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(),
-                                 std::forward<U>(msg));
+      absl::Status s =
+          c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(), std::forward<U>(msg));
       if (!s.ok()) result = std::move(s);
     }
   }
@@ -424,8 +428,8 @@ absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
 }
 
 template <class T, class F>
-  requires std::invocable<F&, const T&>
-Subscription Bus::subscribe(const Topic<T>& topic, F&& handler, Placement where) {
+requires std::invocable<F&, const T&> Subscription Bus::subscribe(const Topic<T>& topic,
+                                                                  F&& handler, Placement where) {
   return subscribe_at(topic, placed(where), std::forward<F>(handler));
 }
 
@@ -448,7 +452,8 @@ Subscription Bus::subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& 
     }
     id = ++st.last_sub;
   }
-  typename detail::TopicTarget<T>::Sub sub{id, absl::AnyInvocable<void(const T&)>(std::forward<F>(handler))};
+  typename detail::TopicTarget<T>::Sub sub{
+      id, absl::AnyInvocable<void(const T&)>(std::forward<F>(handler))};
   target->stage(&sub, 0);
   target->live.fetch_add(1, std::memory_order_relaxed);
   return Subscription(core_, [this, target, id](detail::Core&) {
@@ -478,15 +483,15 @@ absl::Status Bus::send(const Queue<T>& queue, U&& msg) {
 }
 
 template <class T, class F>
-  requires std::invocable<F&, T&&>
-Subscription Bus::consume(const Queue<T>& queue, F&& handler, Placement where) {
+requires std::invocable<F&, T&&> Subscription Bus::consume(const Queue<T>& queue, F&& handler,
+                                                           Placement where) {
   auto& st = queue_state(queue);
   detail::Inbox& inbox = placed(where);
   detail::QueueTarget<T>* target;
   {
     std::lock_guard lock(core_->mu);
     st.targets.owned.push_back(std::make_unique<detail::QueueTarget<T>>(
-        queue.id(), inbox, st, absl::AnyInvocable<void(T&&)>(std::forward<F>(handler))));
+        queue.id(), inbox, st, absl::AnyInvocable<void(T &&)>(std::forward<F>(handler))));
     target = st.targets.owned.back().get();
     auto next = st.targets.copy();
     next.push_back(target);
@@ -500,13 +505,14 @@ Subscription Bus::consume(const Queue<T>& queue, F&& handler, Placement where) {
       st.targets.replace(std::move(next));
     }
     // Messages already on their way to it are handed to another consumer.
-    (void)run_on(*target->inbox, [target] { target->fn = nullptr; }, /*wait=*/true);
+    (void)run_on(
+        *target->inbox, [target] { target->fn = nullptr; }, /*wait=*/true);
   });
 }
 
 template <class Req, class Rep, class F>
-  requires std::invocable<F&, Req&&>
-Subscription Bus::serve(const Endpoint<Req, Rep>& endpoint, F&& handler, Placement where) {
+requires std::invocable<F&, Req&&> Subscription Bus::serve(const Endpoint<Req, Rep>& endpoint,
+                                                           F&& handler, Placement where) {
   auto& st = endpoint_state(endpoint);
   detail::Inbox& inbox = placed(where);
   using Target = detail::EndpointTarget<Req, Rep>;
@@ -530,12 +536,13 @@ Subscription Bus::serve(const Endpoint<Req, Rep>& endpoint, F&& handler, Placeme
       std::erase(next, target);
       st.targets.replace(std::move(next));
     }
-    (void)run_on(*target->inbox, [target] { target->fn = nullptr; }, /*wait=*/true);
+    (void)run_on(
+        *target->inbox, [target] { target->fn = nullptr; }, /*wait=*/true);
   });
 }
 
 template <class Req, class Rep, MessageOf<Req> R, class F>
-  requires std::invocable<F&, absl::StatusOr<Rep>>
+requires std::invocable<F&, absl::StatusOr<Rep>>
 void Bus::request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout,
                   F&& callback) {
   auto deadline = Clock::now() + timeout;
@@ -547,11 +554,12 @@ void Bus::request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration t
   }
   // A plain thread has no inbox for the reply: make the request from an executor.
   auto cb = std::make_shared<std::decay_t<F>>(std::forward<F>(callback));
-  absl::Status st = post(Placement{}, [this, &endpoint, req = Req(std::forward<R>(req)), deadline, cb]() mutable {
-    detail::Producer& ep = core_->producer();
-    request_from(ep, *ep.own_inbox, endpoint, std::move(req), deadline,
-                 [cb](absl::StatusOr<Rep> r) mutable { (*cb)(std::move(r)); });
-  });
+  absl::Status st =
+      post(Placement{}, [this, &endpoint, req = Req(std::forward<R>(req)), deadline, cb]() mutable {
+        detail::Producer& ep = core_->producer();
+        request_from(ep, *ep.own_inbox, endpoint, std::move(req), deadline,
+                     [cb](absl::StatusOr<Rep> r) mutable { (*cb)(std::move(r)); });
+      });
   if (!st.ok()) (*cb)(absl::StatusOr<Rep>(st));
 }
 
@@ -562,9 +570,9 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
   using CB = std::decay_t<F>;
   auto fail = [&](absl::Status s) {
     // Never call back inside request(): post the failure to the caller's own inbox.
-    absl::Status posted = run_on(home, [cb = CB(std::forward<F>(callback)), s]() mutable {
-      cb(absl::StatusOr<Rep>(s));
-    }, /*wait=*/false);
+    absl::Status posted = run_on(
+        home, [cb = CB(std::forward<F>(callback)), s]() mutable { cb(absl::StatusOr<Rep>(s)); },
+        /*wait=*/false);
     (void)posted;  // refused only once the bus has stopped; the bus then reports nothing more
   };
   if (!c.enter(p)) {
@@ -596,7 +604,8 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
 }
 
 template <class Req, class Rep, MessageOf<Req> R>
-absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout) {
+absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req,
+                              Clock::duration timeout) {
   detail::Core& c = *core_;
   detail::Producer& p = c.producer();
   if (p.executor) {
@@ -607,7 +616,8 @@ absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req, Clock
   auto waiter = std::make_shared<detail::Waiter<Rep>>();
   if (!c.enter(p)) return detail::Core::stopped_status();
   absl::Status s = endpoint_state(endpoint).route(
-      p, detail::RequestEnvelope<Req, Rep>{Req(std::forward<R>(req)), 0, nullptr, waiter, deadline});
+      p,
+      detail::RequestEnvelope<Req, Rep>{Req(std::forward<R>(req)), 0, nullptr, waiter, deadline});
   c.leave(p);
   if (!s.ok()) {
     p.counters.add(endpoint.id(), detail::kFailed);
@@ -691,32 +701,35 @@ absl::Status Bus::run_on(detail::Inbox& inbox, F&& fn, bool wait) {
 }
 
 template <class F>
-  requires std::invocable<F&>
-absl::Status Bus::post(Placement where, F&& fn) {
+requires std::invocable<F&> absl::Status Bus::post(Placement where, F&& fn) {
   return run_on(placed(where), std::forward<F>(fn), /*wait=*/false);
 }
 
 template <class F>
-  requires std::invocable<F&>
-TimerId Bus::after(Placement where, Clock::duration delay, F&& fn) {
+requires std::invocable<F&> TimerId Bus::after(Placement where, Clock::duration delay, F&& fn) {
   detail::Inbox& in = placed(where);
   uint64_t id = in.reserve_timer_id();
   auto at = Clock::now() + delay;
-  absl::Status s = run_on(in, [&in, id, at, fn = std::forward<F>(fn)]() mutable {
-    in.add_timer(id, at, Clock::duration::zero(), std::move(fn), false);
-  }, /*wait=*/false);
+  absl::Status s = run_on(
+      in,
+      [&in, id, at, fn = std::forward<F>(fn)]() mutable {
+        in.add_timer(id, at, Clock::duration::zero(), std::move(fn), false);
+      },
+      /*wait=*/false);
   return s.ok() ? TimerId{in.index(), id} : TimerId{};
 }
 
 template <class F>
-  requires std::invocable<F&>
-TimerId Bus::every(Placement where, Clock::duration period, F&& fn) {
+requires std::invocable<F&> TimerId Bus::every(Placement where, Clock::duration period, F&& fn) {
   detail::Inbox& in = placed(where);
   uint64_t id = in.reserve_timer_id();
   auto at = Clock::now() + period;
-  absl::Status s = run_on(in, [&in, id, at, period, fn = std::forward<F>(fn)]() mutable {
-    in.add_timer(id, at, period, std::move(fn), false);
-  }, /*wait=*/false);
+  absl::Status s = run_on(
+      in,
+      [&in, id, at, period, fn = std::forward<F>(fn)]() mutable {
+        in.add_timer(id, at, period, std::move(fn), false);
+      },
+      /*wait=*/false);
   return s.ok() ? TimerId{in.index(), id} : TimerId{};
 }
 

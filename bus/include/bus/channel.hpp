@@ -83,9 +83,9 @@ class Topic : public detail::ChannelBase {
   using value_type = T;
   static constexpr ChannelKind kKind = ChannelKind::kTopic;
   explicit Topic(std::string_view name, Overflow overflow = Overflow::kBlock)
-      : ChannelBase(detail::register_channel(name, kKind, typeid(Topic),
-                                             detail::describe<T>("Topic")),
-                    overflow) {}
+      : ChannelBase(
+            detail::register_channel(name, kKind, typeid(Topic), detail::describe<T>("Topic")),
+            overflow) {}
 };
 
 /// Each message goes to exactly one consumer: round-robin over the consumers, or, when a key
@@ -95,10 +95,11 @@ class Queue : public detail::ChannelBase {
  public:
   using value_type = T;
   static constexpr ChannelKind kKind = ChannelKind::kQueue;
-  explicit Queue(std::string_view name, KeyFn<T> key = nullptr, Overflow overflow = Overflow::kBlock)
-      : ChannelBase(detail::register_channel(name, kKind, typeid(Queue),
-                                             detail::describe<T>("Queue")),
-                    overflow),
+  explicit Queue(std::string_view name, KeyFn<T> key = nullptr,
+                 Overflow overflow = Overflow::kBlock)
+      : ChannelBase(
+            detail::register_channel(name, kKind, typeid(Queue), detail::describe<T>("Queue")),
+            overflow),
         key_(key) {}
   Queue(std::string_view name, Overflow overflow) : Queue(name, nullptr, overflow) {}
   KeyFn<T> key() const { return key_; }

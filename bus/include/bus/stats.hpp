@@ -10,11 +10,11 @@ namespace bus {
 
 struct ChannelStats {
   std::string name;
-  std::string type;          // e.g. "Topic<Tick>"
-  uint64_t published = 0;    // accepted by publish/send/request
-  uint64_t delivered = 0;    // handler invocations that returned (one per subscriber)
-  uint64_t dropped = 0;      // discarded by the drop-newest policy
-  uint64_t failed = 0;       // refused: ring full under the fail policy, no consumer, backlog full
+  std::string type;        // e.g. "Topic<Tick>"
+  uint64_t published = 0;  // accepted by publish/send/request
+  uint64_t delivered = 0;  // handler invocations that returned (one per subscriber)
+  uint64_t dropped = 0;    // discarded by the drop-newest policy
+  uint64_t failed = 0;     // refused: ring full under the fail policy, no consumer, backlog full
   uint64_t handler_failed = 0;  // handler invocations that threw
   uint64_t late_replies = 0;    // replies that came after the requester's deadline
   uint64_t expired = 0;         // requests whose deadline passed before a handler ran
@@ -23,9 +23,9 @@ struct ChannelStats {
 
 struct InboxStats {
   unsigned index = 0;
-  bool external = false;      // owned by an external event loop rather than an executor
-  uint32_t rings = 0;         // producing threads that have sent to it
-  uint64_t depth_bytes = 0;   // bytes waiting in its rings
+  bool external = false;     // owned by an external event loop rather than an executor
+  uint32_t rings = 0;        // producing threads that have sent to it
+  uint64_t depth_bytes = 0;  // bytes waiting in its rings
   uint64_t capacity_bytes = 0;
 };
 

@@ -1,7 +1,6 @@
 // A project of its own, built against the installed bus package.
-#include <bus/bus.hpp>
-
 #include <atomic>
+#include <bus/bus.hpp>
 #include <cstdio>
 
 inline const bus::Topic<int> numbers{"consumer.numbers"};

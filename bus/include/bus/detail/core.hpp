@@ -50,7 +50,7 @@ struct Producer {
     std::unique_ptr<uint64_t[]> record;
   };
   std::deque<Held> backlog;
-  std::size_t backlog_rings = 0;  // rings with held records
+  std::size_t backlog_rings = 0;          // rings with held records
   std::atomic<uint64_t> backlog_size{0};  // read by stop()
 
   // Set while a plain thread is inside publish (or a Batch); stop() waits for it to clear.
@@ -91,7 +91,9 @@ class Core {
   State state() const { return state_.load(std::memory_order_relaxed); }
   unsigned executor_count() const { return static_cast<unsigned>(executors_.size()); }
   Inbox& executor(unsigned i) { return *executors_[i]; }
-  unsigned next_placement() { return placement_.fetch_add(1, std::memory_order_relaxed) % executor_count(); }
+  unsigned next_placement() {
+    return placement_.fetch_add(1, std::memory_order_relaxed) % executor_count();
+  }
 
   /// A new inbox owned by an external event loop (woken through an eventfd).
   Inbox& create_external_inbox();
@@ -139,7 +141,8 @@ class Core {
       ChannelState* s = (*c)[id % kStatesPerChunk].load(std::memory_order_acquire);
       if (s) return static_cast<S&>(*s);
     }
-    return static_cast<S&>(install_state(id, [&] { return std::unique_ptr<ChannelState>(make()); }));
+    return static_cast<S&>(
+        install_state(id, [&] { return std::unique_ptr<ChannelState>(make()); }));
   }
   ChannelState* find_state(uint32_t id) const {
     StateChunk* c = channel_chunks_[id / kStatesPerChunk].load(std::memory_order_acquire);
@@ -150,17 +153,18 @@ class Core {
   void log_once(uint32_t channel, std::string_view kind, const std::string& what);
 
   std::mutex mu;  // guards what follows and every slow path (registration, snapshots)
-  std::vector<Producer*> producers;           // live
-  std::vector<std::shared_ptr<Ring>> rings;   // every ring, for stats and stop()
-  std::vector<std::unique_ptr<Inbox>> inboxes;  // executors first, then external
+  std::vector<Producer*> producers;                // live
+  std::vector<std::shared_ptr<Ring>> rings;        // every ring, for stats and stop()
+  std::vector<std::unique_ptr<Inbox>> inboxes;     // executors first, then external
   CounterTable<kProducerCounters> retired_counts;  // producers whose threads exited
-  void retire_producer(Producer& p);  // under mu
+  void retire_producer(Producer& p);               // under mu
   std::atomic<uint64_t> records_held_total{0};
 
  private:
   friend struct ThreadProducers;
   Producer& producer_slow();
-  ChannelState& install_state(uint32_t id, const std::function<std::unique_ptr<ChannelState>()>& make);
+  ChannelState& install_state(uint32_t id,
+                              const std::function<std::unique_ptr<ChannelState>()>& make);
   void run_executor(Inbox& inbox, unsigned index);
   bool quiescent();
 
@@ -181,15 +185,17 @@ class Core {
   std::vector<std::string> logged_;
   std::vector<uint64_t> last_started_;  // ticks_started seen by the last quiescent wave
 
-  static thread_local uint64_t tls_uid_;
-  static thread_local Producer* tls_producer_;
+  // constinit: no dynamic initialisation, so other translation units read them directly rather
+  // than through a TLS wrapper call (cheaper, and UBSan mis-reports the wrapper as a null load).
+  static constinit thread_local uint64_t tls_uid_;
+  static constinit thread_local Producer* tls_producer_;
 };
 
 std::size_t ring_words_for(std::size_t bytes);
 
 template <class P, class... A>
-absl::Status Core::send(Producer& p, Inbox& dest, Target* target, Overflow policy,
-                        uint32_t channel, A&&... args) {
+absl::Status Core::send(Producer& p, Inbox& dest, Target* target, Overflow policy, uint32_t channel,
+                        A&&... args) {
   constexpr uint32_t kWords = Payload<P>::kWords;
   Ring& r = p.ring_to(dest);
   uint64_t* w = r.held == 0 ? r.try_reserve(kWords) : nullptr;
@@ -204,16 +210,13 @@ absl::Status Core::send(Producer& p, Inbox& dest, Target* target, Overflow polic
   }
   if (__builtin_expect(w == nullptr, 0)) {
     switch (policy) {
-      case Overflow::kDropNewest:
-        p.counters.add(channel, kDropped);
-        return absl::OkStatus();
+      case Overflow::kDropNewest: p.counters.add(channel, kDropped); return absl::OkStatus();
       case Overflow::kFail:
         p.counters.add(channel, kFailed);
         return absl::ResourceExhaustedError(
             absl::StrCat("bus: ring to inbox ", dest.index(), " is full (channel '",
                          channel_info(channel).name, "', overflow policy: fail)"));
-      case Overflow::kBlock:
-        break;
+      case Overflow::kBlock: break;
     }
     if (p.executor && r.held == 0) {
       // The consumer usually frees room within microseconds: a bounded spin costs less than
@@ -229,10 +232,11 @@ absl::Status Core::send(Producer& p, Inbox& dest, Target* target, Overflow polic
       // An executor never blocks: it holds the record back, in order, up to a bound.
       if (p.backlog.size() >= options_.executor_backlog()) {
         p.counters.add(channel, kFailed);
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "bus: executor backlog full (", p.backlog.size(), " records held while rings are full; "
-            "raise Options::executor_backlog or slow the producer) on channel '",
-            channel_info(channel).name, "'"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("bus: executor backlog full (", p.backlog.size(),
+                         " records held while rings are full; "
+                         "raise Options::executor_backlog or slow the producer) on channel '",
+                         channel_info(channel).name, "'"));
       }
       auto rec = std::make_unique<uint64_t[]>(kWords);
       rec[0] = reinterpret_cast<uint64_t>(target);

@@ -25,11 +25,11 @@ using Clock = std::chrono::steady_clock;
 
 /// Counters an inbox keeps per channel (its thread is their only writer).
 enum InboxCounter : std::size_t {
-  kDelivered,     // handler invocations that returned
-  kHandlerFailed, // handler invocations that threw
-  kLateReplies,   // replies that came after their deadline (or for a cancelled request)
-  kExpired,       // requests whose deadline passed before a handler could run
-  kUnrouted,      // queue messages whose consumer went away with no other to take them
+  kDelivered,      // handler invocations that returned
+  kHandlerFailed,  // handler invocations that threw
+  kLateReplies,    // replies that came after their deadline (or for a cancelled request)
+  kExpired,        // requests whose deadline passed before a handler could run
+  kUnrouted,       // queue messages whose consumer went away with no other to take them
   kInboxCounters
 };
 
@@ -77,8 +77,8 @@ class Inbox {
     heavy_barrier();  // pairs with the producers' light_barrier() before notify()
     if (!ready() && !extra_ready()) {
       auto next = next_timer();
-      auto timeout = next ? std::max(*next - Clock::now(), Clock::duration::zero())
-                          : Clock::duration(-1);
+      auto timeout =
+          next ? std::max(*next - Clock::now(), Clock::duration::zero()) : Clock::duration(-1);
       if (timeout != Clock::duration::zero()) {
         futex_wait(sleeping_, 1, std::chrono::duration_cast<std::chrono::nanoseconds>(timeout));
       }
@@ -154,7 +154,7 @@ class Inbox {
   alignas(kCacheLine) std::vector<std::shared_ptr<Ring>> rings_;
   std::map<std::pair<Clock::time_point, uint64_t>, Timer> timers_;
   absl::flat_hash_map<uint64_t, Clock::time_point> timer_at_;
-  uint64_t firing_ = 0;          // id of the periodic timer being run
+  uint64_t firing_ = 0;  // id of the periodic timer being run
   bool firing_cancelled_ = false;
   absl::flat_hash_map<uint64_t, Pending> pending_;
   uint64_t last_correlation_ = 0;

@@ -22,8 +22,8 @@ struct PayloadOps {
 
 template <class P>
 struct Payload {
-  static constexpr bool kInline = alignof(P) <= 8 && sizeof(P) <= kMaxInlineBytes &&
-                                  std::is_nothrow_move_constructible_v<P>;
+  static constexpr bool kInline =
+      alignof(P) <= 8 && sizeof(P) <= kMaxInlineBytes && std::is_nothrow_move_constructible_v<P>;
   static constexpr uint32_t kWords = 1 + (kInline ? (sizeof(P) + 7) / 8 : 1);
 
   static P* get(void* at) {

@@ -132,15 +132,15 @@ class Ring {
  private:
   // Producer line: written by the producer only, so it never bounces to the consumer's core.
   alignas(kCacheLine) std::atomic<uint64_t> tail_{0};
-  uint64_t write_ = 0;      // next word the producer writes (committed, maybe unpublished)
-  uint64_t published_ = 0;  // last value stored to tail_
-  uint64_t head_cache_ = 0; // producer's view of head_: refreshed only when the ring looks full
+  uint64_t write_ = 0;       // next word the producer writes (committed, maybe unpublished)
+  uint64_t published_ = 0;   // last value stored to tail_
+  uint64_t head_cache_ = 0;  // producer's view of head_: refreshed only when the ring looks full
 
   // Consumer line.
   alignas(kCacheLine) std::atomic<uint64_t> head_{0};
   uint64_t read_ = 0;
   uint64_t released_ = 0;
-  uint64_t tail_cache_ = 0; // consumer's view of tail_: refreshed only when it looks empty
+  uint64_t tail_cache_ = 0;  // consumer's view of tail_: refreshed only when it looks empty
 
   // Read-only after construction.
   alignas(kCacheLine) uint64_t* const buf_;

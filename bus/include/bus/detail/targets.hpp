@@ -245,7 +245,11 @@ struct EndpointTarget : Target {
   using Envelope = RequestEnvelope<Req, Rep>;
   using Handler = absl::AnyInvocable<absl::StatusOr<Rep>(Req&&)>;
   EndpointTarget(uint32_t ch, Inbox& in, EndpointState<Req, Rep>& st, Handler f)
-      : Target{&run, &Payload<Envelope>::kOps}, channel(ch), inbox(&in), state(&st), fn(std::move(f)) {}
+      : Target{&run, &Payload<Envelope>::kOps},
+        channel(ch),
+        inbox(&in),
+        state(&st),
+        fn(std::move(f)) {}
   const uint32_t channel;
   Inbox* const inbox;
   EndpointState<Req, Rep>* const state;
@@ -301,9 +305,10 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
   if (Clock::now() > env.deadline) {
     // The caller has given up (or is about to): do not spend the handler on it.
     in.counters.add(t->channel, kExpired);
-    t->state->reply(in, env, absl::DeadlineExceededError(absl::StrCat(
-                                 "bus: request to '", channel_info(t->channel).name,
-                                 "' expired before a handler ran")));
+    t->state->reply(
+        in, env,
+        absl::DeadlineExceededError(absl::StrCat("bus: request to '", channel_info(t->channel).name,
+                                                 "' expired before a handler ran")));
     return;
   }
   absl::StatusOr<Rep> result;
@@ -312,9 +317,9 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
     in.counters.add(t->channel, kDelivered);
   } catch (...) {
     in.counters.add(t->channel, kHandlerFailed);
-    result = absl::InternalError(absl::StrCat("bus: handler of '", channel_info(t->channel).name,
-                                              "' threw: ",
-                                              describe_exception(std::current_exception())));
+    result = absl::InternalError(
+        absl::StrCat("bus: handler of '", channel_info(t->channel).name,
+                     "' threw: ", describe_exception(std::current_exception())));
   }
   t->state->reply(in, env, std::move(result));
 }
