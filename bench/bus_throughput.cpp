@@ -2,9 +2,10 @@
 // messages, from a plain thread (publish per message) and from an executor (sends batched per
 // handler batch). The comparison with other queues is bench/queues (issue: internal throughput).
 //
-//   ./build/bench/bus_throughput [messages] [runs]
+//   ./build/bench/bus_throughput [messages] [runs] [idle seconds, 0: skip]
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -73,6 +75,21 @@ double run(bool from_executor, uint64_t n) {
   return static_cast<double>(n) / secs;
 }
 
+/// CPU used by an idle bus (two parked executors) over `secs` seconds, in % of one core.
+double idle_cpu_percent(double secs) {
+  bus::Bus bus(bus::Options().executors(2));
+  auto cpu = [] {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  };
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the executors park
+  double before = cpu();
+  std::this_thread::sleep_for(std::chrono::duration<double>(secs));
+  return 100.0 * (cpu() - before) / secs;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -97,4 +114,9 @@ int main(int argc, char** argv) {
   };
   show("plain thread, publish per message", plain);
   show("executor -> executor (batched)", batched);
+  if (argc <= 3 || std::atoi(argv[3]) != 0) {
+    double secs = argc > 3 ? std::atof(argv[3]) : 10;
+    std::printf("  idle bus, 2 executors, %.0f s: %.3f%% of one core\n", secs,
+                idle_cpu_percent(secs));
+  }
 }
