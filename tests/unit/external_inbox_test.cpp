@@ -13,20 +13,14 @@
 #include <thread>
 #include <vector>
 
+#include "support/test_support.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
-
-/// Waits, within a generous bound, until `done()` holds. A bound missed is a failure, not a timing.
-template <class F>
-bool eventually(F done) {
-  auto limit = std::chrono::steady_clock::now() + 30s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > limit) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+using bus_test::eventually;
+using bus_test::Gate;
+using bus_test::OpenOnExit;
 
 thread_local bool t_on_loop = false;        // the calling thread is a Loop's
 thread_local bool t_in_drain = false;       // ... and is inside ExternalInbox::drain()
@@ -96,27 +90,6 @@ class Loop {
   std::atomic<bool> ready_{false};
   std::atomic<int> polls_{0};
   std::thread thread_;
-};
-
-/// A door handlers wait at until the test opens it.
-class Gate {
- public:
-  void wait() {
-    while (!open_.load()) open_.wait(false);
-  }
-  void open() {
-    open_.store(true);
-    open_.notify_all();
-  }
-
- private:
-  std::atomic<bool> open_{false};
-};
-
-/// Opens a gate when the test ends, however it ends, so the bus can stop.
-struct OpenOnExit {
-  Gate& gate;
-  ~OpenOnExit() { gate.open(); }
 };
 
 struct Msg {

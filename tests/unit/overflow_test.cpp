@@ -6,6 +6,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/test_support.hpp"
+
 namespace {
 
 inline const bus::Topic<long> blocking{"overflow_test.block"};
@@ -14,13 +16,7 @@ inline const bus::Topic<long> dropping{"overflow_test.drop", bus::Overflow::kDro
 inline const bus::Topic<long> ping{"overflow_test.ping"};
 inline const bus::Topic<long> pong{"overflow_test.pong"};
 
-/// A gate a handler waits on until the test opens it.
-struct Gate {
-  std::atomic<bool> open{false};
-  void wait() {
-    while (!open.load()) std::this_thread::yield();
-  }
-};
+using bus_test::Gate;
 
 // The smallest ring (512 bytes) holds a few dozen 8-byte messages: a stalled subscriber fills it.
 bus::Options small() { return bus::Options().executors(2).ring_bytes(512); }
@@ -46,7 +42,7 @@ TEST(Overflow, BlockPolicyMakesTheProducerWaitAndLosesNothing) {
   // The producer stalls on the full ring: it cannot get far ahead of the stalled subscriber.
   while (bus.stats().inboxes[0].depth_bytes + 64 < 512) std::this_thread::yield();
   EXPECT_LT(published.load(), 1000);
-  gate.open = true;
+  gate.open();
   producer.join();
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_EQ(got.load(), 1000L * 1001 / 2);
@@ -73,7 +69,7 @@ TEST(Overflow, FailPolicyReturnsResourceExhaustedAndCounts) {
       ++refused;
     }
   }
-  gate.open = true;
+  gate.open();
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_GT(refused, 0);
   EXPECT_EQ(got.load(), accepted) << "everything accepted was delivered";
@@ -94,7 +90,7 @@ TEST(Overflow, DropPolicyCountsWhatItDropsAndOthersKeepReceiving) {
   auto fast = bus.subscribe(
       dropping, [&](const long&) { fast_got++; }, bus::on_executor(1));
   for (long i = 0; i < 1000; ++i) ASSERT_TRUE(bus.publish(dropping, i).ok());
-  gate.open = true;
+  gate.open();
   ASSERT_TRUE(bus.stop().ok());
   const bus::Stats stats = bus.stats();
   const bus::ChannelStats* st = stats.channel("overflow_test.drop");
@@ -118,7 +114,7 @@ TEST(Overflow, SlowSubscriberDoesNotStopOthersUnderFailPolicy) {
     while (fast_got.load() <= i) std::this_thread::yield();
   }
   EXPECT_GT(refused, 100) << "the stalled subscriber's ring (32 records) filled";
-  gate.open = true;
+  gate.open();
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_EQ(fast_got.load(), 200);
 }

@@ -12,20 +12,12 @@
 #include <thread>
 #include <vector>
 
+#include "support/test_support.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
-
-/// Waits, within a generous bound, until `done()` holds. A bound missed is a failure, not a timing.
-template <class F>
-bool eventually(F done) {
-  auto limit = std::chrono::steady_clock::now() + 30s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > limit) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+using bus_test::eventually;
 
 struct Item {
   uint64_t key;

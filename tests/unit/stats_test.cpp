@@ -9,42 +9,14 @@
 #include <thread>
 #include <vector>
 
+#include "support/test_support.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
-
-/// Waits, within a generous bound, until `done()` holds. A bound missed is a failure, not a timing.
-template <class F>
-bool eventually(F done) {
-  auto limit = std::chrono::steady_clock::now() + 30s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > limit) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-
-/// A door handlers wait at until the test opens it.
-class Gate {
- public:
-  void wait() {
-    while (!open_.load()) open_.wait(false);
-  }
-  void open() {
-    open_.store(true);
-    open_.notify_all();
-  }
-
- private:
-  std::atomic<bool> open_{false};
-};
-
-/// Opens a gate when the test ends, however it ends, so the bus can stop. Declare it after the
-/// subscriptions whose handlers wait at the gate: their cancel waits for those handlers.
-struct OpenOnExit {
-  Gate& gate;
-  ~OpenOnExit() { gate.open(); }
-};
+using bus_test::eventually;
+using bus_test::Gate;
+using bus_test::OpenOnExit;
 
 inline const bus::Topic<int> counted_ticks{"stats_test.counted.ticks"};
 inline const bus::Queue<int> counted_jobs{"stats_test.counted.jobs"};

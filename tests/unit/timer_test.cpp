@@ -10,20 +10,12 @@
 #include <stdexcept>
 #include <thread>
 
+#include "support/test_support.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
-
-/// Waits, within a generous bound, until `done()` holds. A bound missed is a failure, not a timing.
-template <class F>
-bool eventually(F done) {
-  auto limit = std::chrono::steady_clock::now() + 30s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > limit) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
+using bus_test::eventually;
 
 /// Returns once a timer set on `executor` after `delay` has fired: every timer of that executor
 /// due earlier has had its turn by then (one inbox runs its timers in order of their due time).
