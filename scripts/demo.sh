@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-cmake -S . -B build -DBUS_BUILD_TESTS=OFF -DBUS_BUILD_BENCH=OFF >/dev/null
-cmake --build build -j2 --target hello_pubsub
-./build/examples/hello_pubsub
+cmake -S . -B build-demo -DBUS_BUILD_TESTS=OFF -DBUS_BUILD_BENCH=OFF -DBUS_BUILD_EXAMPLES=ON >/dev/null
+cmake --build build-demo -j2 --target hello_pubsub
+./build-demo/examples/hello_pubsub
