@@ -181,6 +181,10 @@ Core::Core(const Options& options, uint64_t uid) : options_(options), uid_(uid) 
 
 Core::~Core() {
   (void)stop();
+  // Inboxes first: records still in their rings (an external loop that stopped draining) name
+  // targets owned by the channel states below, which must outlive them.
+  executors_.clear();
+  inboxes.clear();
   for (auto& c : channel_chunks_) delete c.load(std::memory_order_relaxed);
 }
 

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -104,6 +105,7 @@ inline const bus::Endpoint<int, int> twice{"external_inbox_test.twice"};
 inline const bus::Endpoint<int, int> stalled{"external_inbox_test.stalled"};
 inline const bus::Topic<int> earlier{"external_inbox_test.earlier"};
 inline const bus::Topic<int> later{"external_inbox_test.later"};
+inline const bus::Topic<std::shared_ptr<int>> tokens{"external_inbox_test.tokens"};
 
 TEST(ExternalInbox, SubscriberReceivesWhatOtherThreadsPublish) {
   constexpr int kThreads = 3;
@@ -260,6 +262,24 @@ TEST(ExternalInbox, SubscriptionGetsWhatAnotherThreadPublishesAfterItReturned) {
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->published, 1u);
   EXPECT_EQ(c->delivered + c->dropped + c->failed + c->unrouted, 1u);
+}
+
+TEST(ExternalInbox, UndrainedMessagesAreReleasedWhenTheBusGoes) {
+  // A loop that never drains: what waits in its rings is destroyed with the bus, after the
+  // executors stopped and before the channel state the records point to.
+  auto token = std::make_shared<int>(7);
+  {
+    bus::Bus bus(bus::Options().executors(1));
+    bus::ExternalInbox inbox(bus);
+    auto sub = inbox.subscribe(tokens, [](const std::shared_ptr<int>&) {});
+    std::thread producer([&] {
+      for (int i = 0; i < 100; ++i) ASSERT_TRUE(bus.publish(tokens, token).ok());
+    });
+    producer.join();
+    EXPECT_GT(token.use_count(), 1);
+    sub.release();  // its cancel would go through the same undrained inbox
+  }
+  EXPECT_EQ(token.use_count(), 1);
 }
 
 }  // namespace
