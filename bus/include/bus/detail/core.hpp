@@ -69,7 +69,7 @@ struct Producer {
   }
 };
 
-/// Chunked table of per-channel state, read without a lock on the hot path.
+/// Per-bus state of one channel (its targets), kept in a chunked table read without a lock.
 class ChannelState {
  public:
   virtual ~ChannelState() = default;
@@ -97,7 +97,6 @@ class Core {
 
   /// A new inbox owned by an external event loop (woken through an eventfd).
   Inbox& create_external_inbox();
-  void close_external_inbox(Inbox& inbox);
 
   /// This thread's producer for this bus (created on first use).
   Producer& producer() {
