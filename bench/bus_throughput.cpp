@@ -21,10 +21,6 @@ namespace {
 
 inline const bus::Topic<uint64_t> numbers{"bench.numbers"};
 
-struct Result {
-  double plain, batched;
-};
-
 double run(bool from_executor, uint64_t n) {
   bus::Bus bus(bus::Options().executors(2).pin_executors(true));
   uint64_t sum = 0, count = 0;

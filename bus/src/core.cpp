@@ -142,8 +142,29 @@ std::size_t Producer::drain_backlog() {
   return moved;
 }
 
+// The two scans below look at the first held record of each ring only (the one that must move
+// first), and stop once they have seen every ring with held records.
+template <class F>
+static bool for_each_blocked_ring(Producer& p, F&& f) {
+  std::vector<Ring*> seen;
+  for (auto& h : p.backlog) {
+    if (seen.size() == p.backlog_rings) break;
+    if (std::find(seen.begin(), seen.end(), h.ring) != seen.end()) continue;
+    seen.push_back(h.ring);
+    if (f(*h.ring, reinterpret_cast<Target*>(h.record[0])->ops->words)) return true;
+  }
+  return false;
+}
+
 void Producer::want_room() {
-  for (auto& h : backlog) h.ring->producer_waiting.store(1, std::memory_order_relaxed);
+  for_each_blocked_ring(*this, [](Ring& r, uint32_t) {
+    r.producer_waiting.store(1, std::memory_order_relaxed);
+    return false;
+  });
+}
+
+bool Producer::backlog_has_room() {
+  return for_each_blocked_ring(*this, [](Ring& r, uint32_t words) { return r.has_room(words); });
 }
 
 void Core::retire_producer(Producer& p) {
@@ -240,22 +261,15 @@ void Core::run_executor(Inbox& in, unsigned index) {
     n += in.run_once(/*plain_rings=*/p.backlog.empty());
     if (n > 0) continue;
 
-    auto backlog_has_room = [&p] {
-      for (auto& h : p.backlog) {
-        auto* t = reinterpret_cast<Target*>(h.record[0]);
-        if (h.ring->has_room(t->ops->words)) return true;
-      }
-      return false;
-    };
     auto until = Clock::now() + options_.spin();
     bool work = false;
     while (!work && Clock::now() < until) {
       for (int i = 0; i < 64; ++i) cpu_relax();
-      work = in.ready() || state() != s || (!p.backlog.empty() && backlog_has_room());
+      work = in.ready() || state() != s || (!p.backlog.empty() && p.backlog_has_room());
     }
     if (work) continue;
     if (!p.backlog.empty()) p.want_room();
-    in.park([&] { return state() != s || (!p.backlog.empty() && backlog_has_room()); });
+    in.park([&] { return state() != s || (!p.backlog.empty() && p.backlog_has_room()); });
   }
   in.cancel_all_pending(absl::CancelledError("bus: stopped before the reply arrived"));
 }

@@ -112,7 +112,6 @@ std::size_t Inbox::run_once(bool plain_rings) {
       // What the handlers sent becomes visible before the head moves: stop() relies on it.
       p.flush();
       r.release();
-      records_run.store(records_run.load(std::memory_order_relaxed) + k, std::memory_order_relaxed);
       light_barrier();  // pairs with heavy_barrier() of a producer waiting for room
       if (r.producer_waiting.load(std::memory_order_relaxed) != 0) {
         r.producer_waiting.store(0, std::memory_order_relaxed);

@@ -201,6 +201,11 @@ class Bus {
   }
   template <class T, class F>
   Subscription subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& handler);
+  /// Registers a queue consumer or endpoint server; cancelling removes it from the routing.
+  template <class Tgt>
+  Subscription add_consumer(detail::Targets<Tgt>& targets, std::unique_ptr<Tgt> target);
+  template <class F>
+  TimerId schedule(Placement where, Clock::duration first, Clock::duration period, F&& fn);
   template <class Req, class Rep, class F>
   void request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<Req, Rep>& endpoint,
                     Req&& req, Clock::time_point deadline, F&& callback);
@@ -443,13 +448,8 @@ Subscription Bus::subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& 
     for (auto& t : st.targets.owned) {
       if (t->inbox == &inbox) target = t.get();
     }
-    if (!target) {
-      st.targets.owned.push_back(std::make_unique<detail::TopicTarget<T>>(topic.id(), inbox));
-      target = st.targets.owned.back().get();
-      auto next = st.targets.copy();
-      next.push_back(target);
-      st.targets.replace(std::move(next));
-    }
+    if (!target)
+      target = st.targets.add(std::make_unique<detail::TopicTarget<T>>(topic.id(), inbox));
     id = ++st.last_sub;
   }
   typename detail::TopicTarget<T>::Sub sub{
@@ -486,56 +486,37 @@ template <class T, class F>
 requires std::invocable<F&, T&&> Subscription Bus::consume(const Queue<T>& queue, F&& handler,
                                                            Placement where) {
   auto& st = queue_state(queue);
-  detail::Inbox& inbox = placed(where);
-  detail::QueueTarget<T>* target;
-  {
-    std::lock_guard lock(core_->mu);
-    st.targets.owned.push_back(std::make_unique<detail::QueueTarget<T>>(
-        queue.id(), inbox, st, absl::AnyInvocable<void(T &&)>(std::forward<F>(handler))));
-    target = st.targets.owned.back().get();
-    auto next = st.targets.copy();
-    next.push_back(target);
-    st.targets.replace(std::move(next));
-  }
-  return Subscription(core_, [this, &st, target](detail::Core& c) {
-    {
-      std::lock_guard lock(c.mu);
-      auto next = st.targets.copy();
-      std::erase(next, target);
-      st.targets.replace(std::move(next));
-    }
-    // Messages already on their way to it are handed to another consumer.
-    (void)run_on(
-        *target->inbox, [target] { target->fn = nullptr; }, /*wait=*/true);
-  });
+  return add_consumer(st.targets, std::make_unique<detail::QueueTarget<T>>(
+                                      queue.id(), placed(where), st,
+                                      absl::AnyInvocable<void(T &&)>(std::forward<F>(handler))));
 }
 
 template <class Req, class Rep, class F>
 requires std::invocable<F&, Req&&> Subscription Bus::serve(const Endpoint<Req, Rep>& endpoint,
                                                            F&& handler, Placement where) {
   auto& st = endpoint_state(endpoint);
-  detail::Inbox& inbox = placed(where);
   using Target = detail::EndpointTarget<Req, Rep>;
-  Target* target;
+  return add_consumer(st.targets,
+                      std::make_unique<Target>(
+                          endpoint.id(), placed(where), st,
+                          typename Target::Handler([f = std::forward<F>(handler)](Req&& r) mutable {
+                            return detail::invoke_handler<Rep>(f, std::move(r));
+                          })));
+}
+
+template <class Tgt>
+Subscription Bus::add_consumer(detail::Targets<Tgt>& targets, std::unique_ptr<Tgt> owned) {
+  Tgt* target;
   {
     std::lock_guard lock(core_->mu);
-    st.targets.owned.push_back(std::make_unique<Target>(
-        endpoint.id(), inbox, st,
-        typename Target::Handler([f = std::forward<F>(handler)](Req&& r) mutable {
-          return detail::invoke_handler<Rep>(f, std::move(r));
-        })));
-    target = st.targets.owned.back().get();
-    auto next = st.targets.copy();
-    next.push_back(target);
-    st.targets.replace(std::move(next));
+    target = targets.add(std::move(owned));
   }
-  return Subscription(core_, [this, &st, target](detail::Core& c) {
+  return Subscription(core_, [this, &targets, target](detail::Core& c) {
     {
       std::lock_guard lock(c.mu);
-      auto next = st.targets.copy();
-      std::erase(next, target);
-      st.targets.replace(std::move(next));
+      targets.remove(target);
     }
+    // Messages already on their way to it are handed to another consumer by its inbox.
     (void)run_on(
         *target->inbox, [target] { target->fn = nullptr; }, /*wait=*/true);
   });
@@ -707,23 +688,19 @@ requires std::invocable<F&> absl::Status Bus::post(Placement where, F&& fn) {
 
 template <class F>
 requires std::invocable<F&> TimerId Bus::after(Placement where, Clock::duration delay, F&& fn) {
-  detail::Inbox& in = placed(where);
-  uint64_t id = in.reserve_timer_id();
-  auto at = Clock::now() + delay;
-  absl::Status s = run_on(
-      in,
-      [&in, id, at, fn = std::forward<F>(fn)]() mutable {
-        in.add_timer(id, at, Clock::duration::zero(), std::move(fn), false);
-      },
-      /*wait=*/false);
-  return s.ok() ? TimerId{in.index(), id} : TimerId{};
+  return schedule(where, delay, Clock::duration::zero(), std::forward<F>(fn));
 }
 
 template <class F>
 requires std::invocable<F&> TimerId Bus::every(Placement where, Clock::duration period, F&& fn) {
+  return schedule(where, period, period, std::forward<F>(fn));
+}
+
+template <class F>
+TimerId Bus::schedule(Placement where, Clock::duration first, Clock::duration period, F&& fn) {
   detail::Inbox& in = placed(where);
   uint64_t id = in.reserve_timer_id();
-  auto at = Clock::now() + period;
+  auto at = Clock::now() + first;
   absl::Status s = run_on(
       in,
       [&in, id, at, period, fn = std::forward<F>(fn)]() mutable {

@@ -63,6 +63,8 @@ struct Producer {
   std::size_t drain_backlog();
   /// Flags the rings this executor's backlog waits on, so their consumers wake it.
   void want_room();
+  /// True when a ring this executor's backlog waits on has room for its next record.
+  bool backlog_has_room();
   uint32_t next_round_robin(uint32_t channel) {
     if (channel >= round_robin.size()) round_robin.resize(channel + 1, 0);
     return round_robin[channel]++;
@@ -157,7 +159,6 @@ class Core {
   std::vector<std::unique_ptr<Inbox>> inboxes;     // executors first, then external
   CounterTable<kProducerCounters> retired_counts;  // producers whose threads exited
   void retire_producer(Producer& p);               // under mu
-  std::atomic<uint64_t> records_held_total{0};
 
  private:
   friend struct ThreadProducers;

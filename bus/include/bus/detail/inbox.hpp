@@ -120,7 +120,6 @@ class Inbox {
   // Quiescence at stop(): a timer callback runs between these two increments (see Core::stop).
   std::atomic<uint64_t> ticks_started{0};
   std::atomic<uint64_t> ticks_done{0};
-  std::atomic<uint64_t> records_run{0};
 
  private:
   struct Node {

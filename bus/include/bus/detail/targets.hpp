@@ -39,20 +39,35 @@ class Targets {
   const TargetList<Tgt>* load() const {
     return current_.load(std::memory_order_acquire);  // pairs with the release in replace()
   }
-  /// Under Core::mu.
+  /// Under Core::mu: takes ownership of `t` and routes to it from now on.
+  Tgt* add(std::unique_ptr<Tgt> t) {
+    Tgt* raw = t.get();
+    owned.push_back(std::move(t));
+    auto next = copy();
+    next.push_back(raw);
+    replace(std::move(next));
+    return raw;
+  }
+  /// Under Core::mu: stops routing to `t` (it stays alive: records may still name it).
+  void remove(Tgt* t) {
+    auto next = copy();
+    std::erase(next, t);
+    replace(std::move(next));
+  }
+  std::vector<std::unique_ptr<Tgt>> owned;  // under Core::mu; live as long as the bus
+
+ private:
+  std::vector<Tgt*> copy() const {
+    auto* l = load();
+    return l ? l->targets : std::vector<Tgt*>{};
+  }
   void replace(std::vector<Tgt*> next) {
     auto list = std::make_unique<TargetList<Tgt>>();
     list->targets = std::move(next);
     current_.store(list.get(), std::memory_order_release);
     lists_.push_back(std::move(list));
   }
-  std::vector<Tgt*> copy() const {
-    auto* l = load();
-    return l ? l->targets : std::vector<Tgt*>{};
-  }
-  std::vector<std::unique_ptr<Tgt>> owned;  // under Core::mu; live as long as the bus
 
- private:
   std::atomic<const TargetList<Tgt>*> current_{nullptr};
   std::vector<std::unique_ptr<TargetList<Tgt>>> lists_;
 };
