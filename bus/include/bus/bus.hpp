@@ -82,6 +82,9 @@ template <class S>
 class ServiceGroup;
 class Batch;
 class ExternalInbox;
+namespace net::detail {
+struct BusAccess;
+}
 
 /// The bus: executors, their inboxes and every channel's state. Handlers run on executors;
 /// any thread may publish. Destroying the bus stops it (draining what was accepted).
@@ -176,6 +179,7 @@ class Bus {
   friend class Service;
   friend class Batch;
   friend class ExternalInbox;
+  friend struct net::detail::BusAccess;
 
   detail::Inbox& placed(Placement where);
   unsigned place(Placement where);
@@ -261,8 +265,15 @@ class ExternalInbox {
   requires std::invocable<F&, const T&> Subscription subscribe(const Topic<T>& topic, F&& handler) {
     return bus_.subscribe_at(topic, *inbox_, std::forward<F>(handler));
   }
+  /// Runs `fn()` inside a later drain(), on the owning loop's thread. Unavailable once the bus
+  /// has stopped.
+  template <class F>
+  requires std::invocable<F&> absl::Status post(F&& fn) {
+    return bus_.post_to(*inbox_, std::forward<F>(fn));
+  }
 
  private:
+  friend struct net::detail::BusAccess;
   Bus& bus_;
   detail::Inbox* inbox_;
 };
@@ -414,6 +425,7 @@ absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
     detail::TopicTarget<T>* last = nullptr;
     for (auto* t : list->targets) {
       if (t->live.load(std::memory_order_relaxed) == 0) continue;
+      if (__builtin_expect(p.bridge, 0) && t->inbox == p.own_inbox) continue;  // see Producer
       if (last) {
         absl::Status s = c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(),
                                    static_cast<const T&>(msg));
@@ -518,7 +530,7 @@ Subscription Bus::add_consumer(detail::Targets<Tgt>& targets, std::unique_ptr<Tg
     }
     // Messages already on their way to it are handed to another consumer by its inbox.
     (void)run_on(
-        *target->inbox, [target] { target->fn = nullptr; }, /*wait=*/true);
+        *target->inbox, [target] { target->retire(); }, /*wait=*/true);
   });
 }
 

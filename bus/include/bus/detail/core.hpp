@@ -39,6 +39,10 @@ struct Producer {
   uint64_t uid = 0;
   Inbox* own_inbox;  // the inbox this thread drains, if any
   const bool executor;
+  // A bridge thread (bus::net): its publishes skip the targets on its own inbox (the bridge's
+  // export subscriptions) and its sends and requests skip remote proxies, so a message that
+  // came from another node is never sent back out.
+  bool bridge = false;
   std::vector<std::shared_ptr<Ring>> rings;  // by destination inbox index
   std::vector<Ring*> unpublished;
   int batch_depth = 0;

@@ -139,26 +139,43 @@ struct TopicState : ChannelState {
 
 /// Routes a message to one of a channel's consumers. Key routing uses the key's hash modulo the
 /// consumer count; otherwise the producing thread's own round-robin counter (no shared write).
+/// A bridge thread skips remote proxies (what came from another node stays local).
 template <class Tgt, class T>
 Tgt* pick(Producer& p, const TargetList<Tgt>* list, uint32_t channel, KeyFn<T> key, const T& msg) {
   if (list == nullptr || list->targets.empty()) return nullptr;
   std::size_t n = list->targets.size();
   std::size_t i = key ? absl::HashOf(key(msg)) % n : p.next_round_robin(channel) % n;
+  if (__builtin_expect(p.bridge, 0)) {
+    for (std::size_t k = 0; k < n; ++k) {
+      Tgt* t = list->targets[(i + k) % n];
+      if (!t->remote) return t;
+    }
+    return nullptr;
+  }
   return list->targets[i];
 }
 
 template <class T>
 struct QueueState;
 
-/// One consumer of a queue.
+/// One consumer of a queue: a local handler, or (`remote`) a bridge that forwards to a consumer
+/// in another process.
 template <class T>
 struct QueueTarget : Target {
-  QueueTarget(uint32_t ch, Inbox& in, QueueState<T>& st, absl::AnyInvocable<void(T&&)> f)
-      : Target{&run, &Payload<T>::kOps}, channel(ch), inbox(&in), state(&st), fn(std::move(f)) {}
+  using Handler = absl::AnyInvocable<void(T&&)>;
+  QueueTarget(uint32_t ch, Inbox& in, QueueState<T>& st, Handler f, bool is_remote = false)
+      : Target{&run, &Payload<T>::kOps},
+        channel(ch),
+        inbox(&in),
+        state(&st),
+        remote(is_remote),
+        fn(std::move(f)) {}
   const uint32_t channel;
   Inbox* const inbox;
   QueueState<T>* const state;
-  absl::AnyInvocable<void(T&&)> fn;  // owner thread; empty once the consumer is removed
+  const bool remote;
+  Handler fn;  // owner thread; empty once the consumer is removed
+  void retire() { fn = nullptr; }
 
   static void run(Target* self, void* payload, Inbox& in);
 };
@@ -254,21 +271,37 @@ struct ReplyEnvelope {
 template <class Req, class Rep>
 struct EndpointState;
 
-/// One server of an endpoint.
+/// One server of an endpoint: a local handler, or (`remote`) a bridge that forwards the request
+/// to a server in another process and replies through `state->reply()` when the answer comes.
 template <class Req, class Rep>
 struct EndpointTarget : Target {
   using Envelope = RequestEnvelope<Req, Rep>;
   using Handler = absl::AnyInvocable<absl::StatusOr<Rep>(Req&&)>;
+  using Forward = absl::AnyInvocable<void(Envelope&&)>;
   EndpointTarget(uint32_t ch, Inbox& in, EndpointState<Req, Rep>& st, Handler f)
       : Target{&run, &Payload<Envelope>::kOps},
         channel(ch),
         inbox(&in),
         state(&st),
+        remote(false),
         fn(std::move(f)) {}
+  EndpointTarget(uint32_t ch, Inbox& in, EndpointState<Req, Rep>& st, Forward f)
+      : Target{&run, &Payload<Envelope>::kOps},
+        channel(ch),
+        inbox(&in),
+        state(&st),
+        remote(true),
+        forward(std::move(f)) {}
   const uint32_t channel;
   Inbox* const inbox;
   EndpointState<Req, Rep>* const state;
-  Handler fn;
+  const bool remote;
+  Handler fn;       // owner thread; both empty once the server is removed
+  Forward forward;
+  void retire() {
+    fn = nullptr;
+    forward = nullptr;
+  }
 
   static void run(Target* self, void* payload, Inbox& in);
 };
@@ -309,7 +342,7 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
   auto* t = static_cast<EndpointTarget*>(self);
   PayloadGuard<Envelope> guard{payload};
   Envelope& env = *Payload<Envelope>::get(payload);
-  if (!t->fn) {
+  if (!t->fn && !t->forward) {
     Producer& p = in.core().producer();
     if (absl::Status s = t->state->route(p, std::move(env)); !s.ok()) {
       in.counters.add(t->channel, kUnrouted);
@@ -324,6 +357,10 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
         in, env,
         absl::DeadlineExceededError(absl::StrCat("bus: request to '", channel_info(t->channel).name,
                                                  "' expired before a handler ran")));
+    return;
+  }
+  if (t->forward) {
+    t->forward(std::move(env));  // the bridge replies when the remote answer (or failure) comes
     return;
   }
   absl::StatusOr<Rep> result;

@@ -1,0 +1,118 @@
+// Cap'n Proto structs as bus messages, and the codec customisation point for other types.
+// Part of bus::net (link it to use this header).
+#pragma once
+
+#include <capnp/any.h>
+#include <capnp/generated-header-support.h>
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/array.h>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace bus {
+
+/// An immutable, ref-counted Cap'n Proto message of struct `S`: the flat words plus a typed
+/// reader. Copies share one buffer, so every local subscriber reads the same bytes, and the
+/// bridge hands exactly those bytes to ZeroMQ.
+///
+///   auto m = bus::build<Reading>([](Reading::Builder r) { r.setValue(21.5); });
+///   double v = m->getValue();
+///
+/// The buffer is kept in Cap'n Proto's "unchecked" layout (one segment, no far pointers, made by
+/// copyToUnchecked) behind a one-segment stream header: readers need no bounds checks and no
+/// traversal counter, so threads may read one message concurrently.
+template <class S>
+class Message {
+ public:
+  using Schema = S;
+  using Reader = typename S::Reader;
+
+  /// A message with a default (empty) root struct.
+  Message() : Message(typename S::Reader()) {}
+  /// Copies `root` (and everything it points to) into a new message.
+  explicit Message(Reader root) {
+    auto words = root.totalSize().wordCount + 1;  // + the root pointer
+    auto buf = kj::heapArray<capnp::word>(words + 1);
+    std::memset(buf.begin(), 0, buf.size() * sizeof(capnp::word));
+    auto* header = reinterpret_cast<uint32_t*>(buf.begin());
+    header[0] = 0;  // one segment
+    header[1] = static_cast<uint32_t>(words);
+    capnp::copyToUnchecked(root, buf.slice(1, buf.size()));
+    state_ = std::make_shared<const State>(std::move(buf));
+  }
+
+  const Reader* operator->() const { return &state_->root; }
+  Reader operator*() const { return state_->root; }
+  Reader reader() const { return state_->root; }
+
+  /// The message in Cap'n Proto's stream framing (what `capnp decode` and every Cap'n Proto
+  /// library read).
+  kj::ArrayPtr<const capnp::word> words() const { return state_->words.asPtr(); }
+  kj::ArrayPtr<const kj::byte> bytes() const { return words().asBytes(); }
+
+ private:
+  struct State {
+    explicit State(kj::Array<capnp::word> w)
+        : words(std::move(w)),
+          root(capnp::readMessageUnchecked<S>(words.begin() + 1)) {}
+    kj::Array<capnp::word> words;
+    Reader root;
+  };
+  std::shared_ptr<const State> state_;
+};
+
+/// Builds a Message<S>: `fill(S::Builder)` sets the fields.
+template <class S, class F>
+requires std::invocable<F&, typename S::Builder> Message<S> build(F&& fill) {
+  capnp::MallocMessageBuilder builder;
+  fill(builder.initRoot<S>());
+  return Message<S>(builder.getRoot<S>().asReader());
+}
+
+/// How a C++ type crosses processes. Specialise it for your type with the Cap'n Proto struct
+/// that carries it (the struct's schema id is the type's identity on the wire):
+///
+///   template <> struct bus::Codec<Point> {
+///     using Schema = geo::Point;
+///     static void encode(const Point& p, geo::Point::Builder b) { b.setX(p.x); b.setY(p.y); }
+///     static Point decode(geo::Point::Reader r) { return {r.getX(), r.getY()}; }
+///   };
+///
+/// Message<S> needs none: its bytes travel as they are.
+template <class T>
+struct Codec;
+
+template <class S>
+struct Codec<Message<S>> {
+  using Schema = S;
+};
+
+namespace detail {
+template <class T>
+struct IsMessage : std::false_type {};
+template <class S>
+struct IsMessage<Message<S>> : std::true_type {};
+}  // namespace detail
+
+/// A type that can cross the bridge: a Message<S>, or a type with a Codec specialisation.
+template <class T>
+concept Bridgeable = detail::IsMessage<T>::value || requires(const T& v) {
+  typename Codec<T>::Schema;
+  Codec<T>::encode(v, std::declval<typename Codec<T>::Schema::Builder>());
+  { Codec<T>::decode(std::declval<typename Codec<T>::Schema::Reader>()) } -> std::same_as<T>;
+};
+
+/// The 64-bit schema id that identifies `T` on the wire.
+template <Bridgeable T>
+constexpr uint64_t schema_id() {
+  return capnp::typeId<typename Codec<T>::Schema>();
+}
+
+}  // namespace bus

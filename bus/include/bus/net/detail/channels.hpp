@@ -1,0 +1,314 @@
+// The typed adapters between a channel and the bridge: one per channel and direction. They run
+// on the bridge thread only; the bridge (node.cpp) sees them through `Bridged`.
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/strings/str_cat.h>
+#include <kj/exception.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "bus/bus.hpp"
+#include "bus/message.hpp"
+
+namespace bus::net::detail {
+
+struct Limits {
+  std::size_t max_message_bytes;
+  uint64_t traversal_limit_words;
+  int nesting_limit;
+};
+
+/// Appends the builder's message to `out` in Cap'n Proto stream framing.
+void append_message(capnp::MessageBuilder& builder, std::string& out);
+/// Reader options for `limits`.
+capnp::ReaderOptions reader_options(const Limits& limits);
+/// A builder whose first segment is a reused per-thread buffer (no allocation for small
+/// messages). One at a time per thread.
+capnp::MessageBuilder& scratch_builder();
+void release_scratch_builder();
+std::string describe(const kj::Exception& e);
+
+/// Appends `v` as one Cap'n Proto message to `out`.
+template <Bridgeable T>
+void encode(const T& v, std::string& out) {
+  if constexpr (bus::detail::IsMessage<T>::value) {
+    auto b = v.bytes();
+    out.append(reinterpret_cast<const char*>(b.begin()), b.size());
+  } else {
+    capnp::MessageBuilder& builder = scratch_builder();
+    struct Release {
+      ~Release() { release_scratch_builder(); }
+    } release;
+    Codec<T>::encode(v, builder.initRoot<typename Codec<T>::Schema>());
+    append_message(builder, out);
+  }
+}
+
+/// Reads one payload (aligned words in stream framing, already bounds-checked) as a `T`.
+/// Malformed input is an InvalidArgument status, never an exception.
+template <Bridgeable T>
+absl::StatusOr<T> decode(kj::ArrayPtr<const capnp::word> words, const Limits& limits) {
+  using S = typename Codec<T>::Schema;
+  try {
+    capnp::FlatArrayMessageReader reader(words, reader_options(limits));
+    auto root = reader.getRoot<S>();
+    if constexpr (bus::detail::IsMessage<T>::value) {
+      return T(root);  // copies it into the unchecked layout, traversing (and checking) it all
+    } else {
+      root.totalSize();  // checks the whole message before the codec reads any of it
+      return Codec<T>::decode(root);
+    }
+  } catch (const kj::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("undecodable ", bus::detail::type_name<S>(),
+                                                   " payload: ", describe(e)));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec of ", bus::detail::type_name<T>(), " failed: ", e.what()));
+  }
+}
+
+/// Outgoing topic messages not yet handed to ZeroMQ (one batch per exported topic).
+struct Outbox {
+  std::string bytes;
+  uint32_t count = 0;
+  uint64_t next_seq = 1;
+  bool queued = false;
+};
+
+/// The end of a request forwarded to another node: completed once, by the reply or a failure.
+struct PendingCall {
+  virtual ~PendingCall() = default;
+  /// `payload` is the reply when `status` is OK.
+  virtual void finish(absl::Status status, kj::ArrayPtr<const capnp::word> payload) = 0;
+};
+
+/// A request that came from another node, for the reply.
+struct RemoteCall {
+  std::string identity;  // the requester's DEALER, as the ROUTER names it
+  uint64_t correlation = 0;
+  uint64_t peer = 0;
+};
+
+class Bridged;
+
+/// The bridge as the adapters see it (bridge thread only).
+class Link {
+ public:
+  virtual ~Link() = default;
+  virtual Bus& bus() = 0;
+  virtual ExternalInbox& inbox() = 0;
+  virtual const Limits& limits() const = 0;
+  /// `out` of `channel` has new messages: publish them when this drain ends.
+  virtual void queue_publish(Bridged& channel, Outbox& out) = 0;
+  /// Sends a request to a live node serving `channel`. Takes `pending` and finishes it (now
+  /// with a failure, or later with the reply, a timeout or "peer gone").
+  virtual void call(Bridged& channel, std::string payload, Clock::time_point deadline,
+                    std::unique_ptr<PendingCall> pending) = 0;
+  /// Sends a queue message to a live node consuming `channel`.
+  virtual absl::Status send(Bridged& channel, std::string payload) = 0;
+  virtual void reply(Bridged& channel, const RemoteCall& to, const absl::Status& status,
+                     std::string payload) = 0;
+};
+
+/// Bus internals the bridge needs (remote proxies are consumers the bus routes to).
+struct BusAccess {
+  static bus::detail::Inbox& inbox(ExternalInbox& x) { return *x.inbox_; }
+  static void mark_bridge_thread(Bus& bus) { bus.core_->producer().bridge = true; }
+  template <class Req, class Rep>
+  static Subscription add_remote_server(
+      Bus& bus, const Endpoint<Req, Rep>& ep, bus::detail::Inbox& in,
+      typename bus::detail::EndpointTarget<Req, Rep>::Forward fwd) {
+    auto& st = bus.endpoint_state(ep);
+    return bus.add_consumer(st.targets, std::make_unique<bus::detail::EndpointTarget<Req, Rep>>(
+                                            ep.id(), in, st, std::move(fwd)));
+  }
+  template <class Req, class Rep>
+  static bus::detail::EndpointState<Req, Rep>& endpoint_state(Bus& bus,
+                                                              const Endpoint<Req, Rep>& ep) {
+    return bus.endpoint_state(ep);
+  }
+  template <class T>
+  static Subscription add_remote_consumer(Bus& bus, const Queue<T>& q, bus::detail::Inbox& in,
+                                          absl::AnyInvocable<void(T&&)> fn) {
+    auto& st = bus.queue_state(q);
+    return bus.add_consumer(st.targets, std::make_unique<bus::detail::QueueTarget<T>>(
+                                            q.id(), in, st, std::move(fn), /*is_remote=*/true));
+  }
+};
+
+/// One channel crossing the bridge in one direction.
+class Bridged {
+ public:
+  enum class Role { kExportTopic, kImportTopic, kExportEndpoint, kImportEndpoint, kExportQueue,
+                    kImportQueue };
+  Bridged(Role r, const bus::detail::ChannelBase& ch, uint64_t type, uint64_t reply_type)
+      : role(r), name(ch.name()), type_id(type), reply_type_id(reply_type) {}
+  virtual ~Bridged() = default;
+
+  /// On the bridge thread, once registered / when the node stops.
+  virtual void start(Link&) {}
+  virtual void stop() {}
+  /// Import topic, export queue: one payload from another node, for local delivery.
+  virtual absl::Status deliver(Link&, kj::ArrayPtr<const capnp::word>) {
+    return absl::InternalError("not a receiving channel");
+  }
+  /// Export endpoint: a request from another node.
+  virtual void serve(Link&, RemoteCall, kj::ArrayPtr<const capnp::word>, Clock::duration) {}
+  /// Import endpoint or queue: whether some live node serves it.
+  virtual void set_reachable(Link&, bool) {}
+
+  const Role role;
+  const std::string name;
+  const uint64_t type_id;
+  const uint64_t reply_type_id;  // endpoints
+  Outbox out;                    // export topic
+};
+
+template <class T>
+class ExportTopic final : public Bridged {
+ public:
+  explicit ExportTopic(const Topic<T>& t) : Bridged(Role::kExportTopic, t, schema_id<T>(), 0),
+                                            topic_(t) {}
+  void start(Link& link) override {
+    sub_ = link.inbox().subscribe(topic_, [this, &link](const T& m) {
+      encode(m, out.bytes);
+      ++out.count;
+      link.queue_publish(*this, out);
+    });
+  }
+  void stop() override { sub_.cancel(); }
+
+ private:
+  const Topic<T>& topic_;
+  Subscription sub_;
+};
+
+template <class T>
+class ImportTopic final : public Bridged {
+ public:
+  explicit ImportTopic(const Topic<T>& t) : Bridged(Role::kImportTopic, t, schema_id<T>(), 0),
+                                            topic_(t) {}
+  absl::Status deliver(Link& link, kj::ArrayPtr<const capnp::word> payload) override {
+    absl::StatusOr<T> m = decode<T>(payload, link.limits());
+    if (!m.ok()) return m.status();
+    (void)link.bus().publish(topic_, std::move(*m));  // local refusals are in the bus's stats
+    return absl::OkStatus();
+  }
+
+ private:
+  const Topic<T>& topic_;
+};
+
+template <class T>
+class ExportQueue final : public Bridged {
+ public:
+  explicit ExportQueue(const Queue<T>& q) : Bridged(Role::kExportQueue, q, schema_id<T>(), 0),
+                                            queue_(q) {}
+  absl::Status deliver(Link& link, kj::ArrayPtr<const capnp::word> payload) override {
+    absl::StatusOr<T> m = decode<T>(payload, link.limits());
+    if (!m.ok()) return m.status();
+    (void)link.bus().send(queue_, std::move(*m));
+    return absl::OkStatus();
+  }
+
+ private:
+  const Queue<T>& queue_;
+};
+
+template <class T>
+class ImportQueue final : public Bridged {
+ public:
+  explicit ImportQueue(const Queue<T>& q) : Bridged(Role::kImportQueue, q, schema_id<T>(), 0),
+                                            queue_(q) {}
+  void set_reachable(Link& link, bool reachable) override {
+    if (!reachable) {
+      proxy_.cancel();
+    } else if (!proxy_) {
+      proxy_ = BusAccess::add_remote_consumer<T>(
+          link.bus(), queue_, BusAccess::inbox(link.inbox()), [this, &link](T&& m) {
+            std::string payload;
+            encode(m, payload);
+            (void)link.send(*this, std::move(payload));  // refusals are counted by the bridge
+          });
+    }
+  }
+  void stop() override { proxy_.cancel(); }
+
+ private:
+  const Queue<T>& queue_;
+  Subscription proxy_;
+};
+
+template <class Req, class Rep>
+class ExportEndpoint final : public Bridged {
+ public:
+  explicit ExportEndpoint(const Endpoint<Req, Rep>& e)
+      : Bridged(Role::kExportEndpoint, e, schema_id<Req>(), schema_id<Rep>()), endpoint_(e) {}
+  void serve(Link& link, RemoteCall call, kj::ArrayPtr<const capnp::word> payload,
+             Clock::duration timeout) override {
+    absl::StatusOr<Req> req = decode<Req>(payload, link.limits());
+    if (!req.ok()) {
+      link.reply(*this, call, req.status(), {});
+      return;
+    }
+    // From the bridge thread, the bus routes to local servers only.
+    link.bus().request(endpoint_, std::move(*req), timeout,
+                       [this, &link, call = std::move(call)](absl::StatusOr<Rep> rep) {
+                         std::string bytes;
+                         if (rep.ok()) encode(*rep, bytes);
+                         link.reply(*this, call, rep.status(), std::move(bytes));
+                       });
+  }
+
+ private:
+  const Endpoint<Req, Rep>& endpoint_;
+};
+
+template <class Req, class Rep>
+class ImportEndpoint final : public Bridged {
+  using Envelope = bus::detail::RequestEnvelope<Req, Rep>;
+  using State = bus::detail::EndpointState<Req, Rep>;
+
+  struct Call final : PendingCall {
+    Call(Link& l, State& s, Envelope&& e) : link(l), state(s), env(std::move(e)) {}
+    void finish(absl::Status status, kj::ArrayPtr<const capnp::word> payload) override {
+      absl::StatusOr<Rep> result =
+          status.ok() ? decode<Rep>(payload, link.limits()) : absl::StatusOr<Rep>(status);
+      state.reply(BusAccess::inbox(link.inbox()), env, std::move(result));
+    }
+    Link& link;
+    State& state;
+    Envelope env;
+  };
+
+ public:
+  explicit ImportEndpoint(const Endpoint<Req, Rep>& e)
+      : Bridged(Role::kImportEndpoint, e, schema_id<Req>(), schema_id<Rep>()), endpoint_(e) {}
+  void set_reachable(Link& link, bool reachable) override {
+    if (!reachable) {
+      proxy_.cancel();
+    } else if (!proxy_) {
+      proxy_ = BusAccess::add_remote_server<Req, Rep>(
+          link.bus(), endpoint_, BusAccess::inbox(link.inbox()), [this, &link](Envelope&& env) {
+            std::string payload;
+            encode(env.request, payload);
+            Clock::time_point deadline = env.deadline;
+            link.call(*this, std::move(payload), deadline,
+                      std::make_unique<Call>(link, *state_, std::move(env)));
+          });
+    }
+  }
+  void start(Link& link) override { state_ = &BusAccess::endpoint_state(link.bus(), endpoint_); }
+  void stop() override { proxy_.cancel(); }
+
+ private:
+  const Endpoint<Req, Rep>& endpoint_;
+  State* state_ = nullptr;
+  Subscription proxy_;
+};
+
+}  // namespace bus::net::detail

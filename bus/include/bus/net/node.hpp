@@ -1,0 +1,115 @@
+// The ZeroMQ bridge: the same typed channels across processes and hosts, with no broker.
+//
+//   bus::Bus bus;
+//   bus::net::Node node(bus, bus::net::NodeOptions().name("monitor")
+//                                .publish_on("tcp://127.0.0.1:7101")
+//                                .peer("tcp://127.0.0.1:7001"));
+//   node.import_topic(readings).import_endpoint(stats);
+//
+// Only channels exported or imported here cross the bridge. A handler never knows whether its
+// message came from this process or another. Destroy the node before its bus.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "bus/bus.hpp"
+#include "bus/message.hpp"
+#include "bus/net/detail/channels.hpp"
+#include "bus/net/options.hpp"
+#include "bus/net/stats.hpp"
+
+namespace bus::net {
+
+namespace detail {
+class Bridge;
+}
+
+#define BUS_NET_REQUIRE_CODEC(T)                                                                \
+  static_assert(::bus::Bridgeable<T>,                                                           \
+                "bus: this channel's message type cannot cross processes: use a Cap'n Proto " \
+                "struct (bus::Message<S>) or specialise bus::Codec<T> for it")
+
+class Node {
+ public:
+  /// Binds the node's sockets and starts its bridge thread. Throws std::runtime_error when a
+  /// socket cannot bind (the message names the endpoint and the reason).
+  Node(Bus& bus, NodeOptions options);
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  /// Stops the node (see stop()).
+  ~Node();
+
+  /// Local publishes on `topic` go to every node that imports it.
+  template <class T>
+  Node& export_topic(const Topic<T>& topic) {
+    BUS_NET_REQUIRE_CODEC(T);
+    return add(std::make_unique<detail::ExportTopic<T>>(topic));
+  }
+  /// Publishes of other nodes on `topic` reach local subscribers.
+  template <class T>
+  Node& import_topic(const Topic<T>& topic) {
+    BUS_NET_REQUIRE_CODEC(T);
+    return add(std::make_unique<detail::ImportTopic<T>>(topic));
+  }
+  /// Other nodes may send to local consumers of `queue`.
+  template <class T>
+  Node& export_queue(const Queue<T>& queue) {
+    BUS_NET_REQUIRE_CODEC(T);
+    return add(std::make_unique<detail::ExportQueue<T>>(queue));
+  }
+  /// Local sends on `queue` may go to consumers on other nodes (they take turns with local ones).
+  template <class T>
+  Node& import_queue(const Queue<T>& queue) {
+    BUS_NET_REQUIRE_CODEC(T);
+    return add(std::make_unique<detail::ImportQueue<T>>(queue));
+  }
+  /// Other nodes may call local servers of `endpoint`.
+  template <class Req, class Rep>
+  Node& export_endpoint(const Endpoint<Req, Rep>& endpoint) {
+    BUS_NET_REQUIRE_CODEC(Req);
+    BUS_NET_REQUIRE_CODEC(Rep);
+    return add(std::make_unique<detail::ExportEndpoint<Req, Rep>>(endpoint));
+  }
+  /// Local requests on `endpoint` may go to live nodes that serve it (round-robin with local
+  /// servers). A request whose node dies fails with Aborted ("peer gone") at once.
+  template <class Req, class Rep>
+  Node& import_endpoint(const Endpoint<Req, Rep>& endpoint) {
+    BUS_NET_REQUIRE_CODEC(Req);
+    BUS_NET_REQUIRE_CODEC(Rep);
+    return add(std::make_unique<detail::ImportEndpoint<Req, Rep>>(endpoint));
+  }
+
+  /// This node's id (random, new at every start).
+  uint64_t id() const;
+  /// The endpoints actually bound (a `*` port resolved).
+  std::string publish_endpoint() const;
+  std::string request_endpoint() const;
+
+  /// Live peers, and traffic counters.
+  std::vector<PeerInfo> peers() const;
+  NodeStats stats() const;
+  /// Remote subscriptions to `topic` on this node's publisher (one per subscribed node).
+  std::size_t subscribers(std::string_view topic) const;
+  /// Waits until `n` remote nodes subscribe to `topic` (the slow-joiner wait before a first
+  /// publish) or `timeout` passes. True when they did.
+  bool wait_for_subscribers(std::string_view topic, std::size_t n,
+                            std::chrono::milliseconds timeout) const;
+  /// Waits until a live peer serves `channel` (an endpoint or queue) or `timeout` passes.
+  bool wait_for_server(std::string_view channel, std::chrono::milliseconds timeout) const;
+
+  /// Says goodbye to peers (a last heartbeat marked leaving), publishes what was accepted, fails
+  /// pending requests with Cancelled and stops the bridge thread. Idempotent.
+  void stop();
+
+ private:
+  Node& add(std::unique_ptr<detail::Bridged> channel);
+  std::unique_ptr<detail::Bridge> bridge_;
+};
+
+#undef BUS_NET_REQUIRE_CODEC
+
+}  // namespace bus::net

@@ -1,0 +1,122 @@
+// How a bridge node binds, whom it listens to, and the limits it enforces on what it reads.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace bus::net {
+
+/// A CURVE key pair in Z85 text (40 characters each), as zmq_curve_keypair() makes them.
+struct CurveKeys {
+  std::string public_key;
+  std::string secret_key;
+  /// A fresh key pair (libsodium through libzmq).
+  static CurveKeys generate();
+};
+
+/// Another node to listen to: the endpoint its publisher binds (`tcp://host:port`, `ipc://path`)
+/// and, when CURVE is on, its public key.
+struct Peer {
+  std::string endpoint;
+  std::string public_key;
+};
+
+/// Node parameters, with fluent setters:
+///   bus::net::NodeOptions().name("aggregator").publish_on("tcp://*:7001")
+///       .requests_on("tcp://*:7002").advertise("tcp://10.0.0.5:7002").peer("tcp://10.0.0.4:7001")
+class NodeOptions {
+ public:
+  /// A readable name for logs and `peers()`.
+  NodeOptions& name(std::string n) {
+    name_ = std::move(n);
+    return *this;
+  }
+  /// Where this node's publisher binds (topics and heartbeats go out here). Required.
+  NodeOptions& publish_on(std::string endpoint) {
+    publish_on_ = std::move(endpoint);
+    return *this;
+  }
+  /// Where this node's request socket binds (requests and queue messages come in here).
+  /// Required when it exports endpoints or queues; a port of 0 (`tcp://127.0.0.1:*`) is fine.
+  NodeOptions& requests_on(std::string endpoint) {
+    requests_on_ = std::move(endpoint);
+    return *this;
+  }
+  /// The request address other nodes should connect to, when it differs from what was bound
+  /// (a wildcard `tcp://*:7002` binds every interface; peers need a real address).
+  NodeOptions& advertise(std::string endpoint) {
+    advertise_ = std::move(endpoint);
+    return *this;
+  }
+  /// A node to listen to. Peers may start in any order and restart at any time.
+  NodeOptions& peer(std::string endpoint, std::string public_key = {}) {
+    peers_.push_back(Peer{std::move(endpoint), std::move(public_key)});
+    return *this;
+  }
+  /// Heartbeat period, and how many may be missed before a node is declared dead.
+  NodeOptions& heartbeat(std::chrono::milliseconds every, unsigned dead_after_missed = 3) {
+    heartbeat_ = every;
+    dead_after_ = dead_after_missed;
+    return *this;
+  }
+  /// Largest payload accepted (bytes); larger ones are dropped and counted.
+  NodeOptions& max_message_bytes(std::size_t n) {
+    max_message_bytes_ = n;
+    return *this;
+  }
+  /// Cap'n Proto reader limits applied to every payload read from the wire.
+  NodeOptions& reader_limits(uint64_t traversal_words, int nesting) {
+    traversal_limit_words_ = traversal_words;
+    nesting_limit_ = nesting;
+    return *this;
+  }
+  /// Encrypts and authenticates every connection with CURVE. Only nodes whose public key is in
+  /// `allow` may connect (enforced by a ZAP handler); an empty allowlist admits no one.
+  NodeOptions& curve(CurveKeys keys, std::vector<std::string> allow) {
+    curve_ = std::move(keys);
+    allow_ = std::move(allow);
+    return *this;
+  }
+  /// How long the publisher may wait for a slow subscriber before dropping (and counting) a
+  /// batch. While it waits, the node stops taking local messages, which pushes back on
+  /// local publishers.
+  NodeOptions& send_stall_limit(std::chrono::milliseconds d) {
+    stall_limit_ = d;
+    return *this;
+  }
+
+  const std::string& name() const { return name_; }
+  const std::string& publish_on() const { return publish_on_; }
+  const std::string& requests_on() const { return requests_on_; }
+  const std::string& advertise() const { return advertise_; }
+  const std::vector<Peer>& peers() const { return peers_; }
+  std::chrono::milliseconds heartbeat() const { return heartbeat_; }
+  unsigned dead_after() const { return dead_after_; }
+  std::size_t max_message_bytes() const { return max_message_bytes_; }
+  uint64_t traversal_limit_words() const { return traversal_limit_words_; }
+  int nesting_limit() const { return nesting_limit_; }
+  const CurveKeys& curve_keys() const { return curve_; }
+  const std::vector<std::string>& allow() const { return allow_; }
+  bool secure() const { return !curve_.secret_key.empty(); }
+  std::chrono::milliseconds send_stall_limit() const { return stall_limit_; }
+
+ private:
+  std::string name_ = "node";
+  std::string publish_on_;
+  std::string requests_on_;
+  std::string advertise_;
+  std::vector<Peer> peers_;
+  std::chrono::milliseconds heartbeat_{200};
+  unsigned dead_after_ = 3;
+  std::size_t max_message_bytes_ = 1 << 20;
+  uint64_t traversal_limit_words_ = 8 << 20;
+  int nesting_limit_ = 64;
+  CurveKeys curve_;
+  std::vector<std::string> allow_;
+  std::chrono::milliseconds stall_limit_{2000};
+};
+
+}  // namespace bus::net

@@ -1,0 +1,175 @@
+// The bridge thread of a Node: its ZeroMQ sockets, its peers and its pending remote calls.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
+#include <absl/functional/any_invocable.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "bus/net/node.hpp"
+#include "wire.hpp"
+
+namespace bus::net::detail {
+
+struct ChannelDesc {
+  std::string name;
+  uint64_t type_id = 0;
+  uint64_t reply_type_id = 0;
+};
+
+/// A node this one hears heartbeats from.
+struct PeerState {
+  uint64_t id = 0;
+  std::string name;
+  std::string request_endpoint;
+  std::string public_key;
+  std::chrono::milliseconds interval{0};
+  Clock::time_point last_seen;
+  std::vector<ChannelDesc> serves;
+  std::vector<ChannelDesc> imports;
+  std::unique_ptr<zmq::socket_t> dealer;  // requests and queue messages to it
+};
+
+class Bridge final : public Link {
+ public:
+  Bridge(Bus& bus, NodeOptions options);
+  ~Bridge() override;
+
+  void stop();
+  void add(std::unique_ptr<Bridged> channel);
+  /// Runs `fn` on the bridge thread (or here, once it has stopped) and returns its result.
+  template <class F>
+  auto query(F fn) -> decltype(fn()) {
+    using R = decltype(fn());
+    {
+      std::unique_lock lock(cmd_mu_);
+      if (running_) {
+        std::promise<R> done;
+        auto result = done.get_future();
+        cmds_.push_back([&] { done.set_value(fn()); });
+        lock.unlock();
+        wake();
+        return result.get();
+      }
+    }
+    return fn();
+  }
+
+  uint64_t id() const { return id_; }
+  const std::string& publish_endpoint() const { return publish_endpoint_; }
+  const std::string& request_endpoint() const { return request_endpoint_; }
+  std::vector<PeerInfo> peers() const;
+  NodeStats stats() const;
+  std::size_t subscribers(std::string_view topic) const;
+  bool serves(std::string_view channel) const;
+
+  // Link
+  Bus& bus() override { return bus_; }
+  ExternalInbox& inbox() override { return *inbox_; }
+  const Limits& limits() const override { return limits_; }
+  void queue_publish(Bridged& channel, Outbox& out) override;
+  void call(Bridged& channel, std::string payload, Clock::time_point deadline,
+            std::unique_ptr<PendingCall> pending) override;
+  absl::Status send(Bridged& channel, std::string payload) override;
+  void reply(Bridged& channel, const RemoteCall& to, const absl::Status& status,
+             std::string payload) override;
+
+ private:
+  struct Pending {
+    uint64_t peer;
+    Bridged* channel;
+    Clock::time_point deadline;
+    std::unique_ptr<PendingCall> call;
+  };
+  struct Stall {
+    std::vector<zmq::message_t> parts;
+    uint32_t count = 0;
+    Clock::time_point since;
+  };
+  using Parts = std::vector<zmq::message_t>;
+
+  void run(std::promise<void>& ready);
+  void setup();
+  void loop();
+  void shutdown();
+  void wake();
+  void run_commands();
+
+  // incoming
+  bool recv(zmq::socket_t& s, Parts& parts);
+  void on_sub(Parts& parts);
+  void on_router(Parts& parts);
+  void on_dealer(Parts& parts);
+  void on_xpub(const zmq::message_t& m);
+  void on_zap();
+  void on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::word> payload);
+  /// Delivers payloads of a publish or send, counting sequence gaps per (sender, channel).
+  void deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads);
+
+  // outgoing
+  bool send_parts(zmq::socket_t& s, std::string_view channel, const EnvelopeFields& env,
+                  std::string_view payload);
+  void flush_publishes();
+  bool retry_stall();
+  void heartbeat(bool leaving);
+
+  // peers
+  void check_peers();
+  void forget_peer(uint64_t id, const absl::Status& why);
+  void update_reachability();
+  PeerState* pick_peer(const Bridged& ch, bool endpoint);
+  void sweep_pending();
+
+  ChannelTraffic& traffic(const std::string& channel, uint64_t peer);
+  void log_once(const std::string& key, const std::string& what);
+  void malformed(absl::string_view from, const absl::Status& why);
+
+  Bus& bus_;
+  const NodeOptions opt_;
+  const Limits limits_;
+  const uint64_t id_;
+  std::string publish_endpoint_;
+  std::string request_endpoint_;
+
+  zmq::context_t ctx_;
+  std::optional<zmq::socket_t> xpub_, sub_, router_, zap_;
+  std::unique_ptr<ExternalInbox> inbox_;
+  int wake_fd_ = -1;
+
+  mutable std::mutex cmd_mu_;
+  std::vector<absl::AnyInvocable<void()>> cmds_;  // under cmd_mu_
+  bool running_ = false;                          // under cmd_mu_
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+
+  // ---- bridge thread only (or any thread once it stopped) ----
+  std::vector<std::unique_ptr<Bridged>> channels_;
+  absl::flat_hash_map<std::string, Bridged*> import_topics_, export_endpoints_, export_queues_;
+  std::vector<Bridged*> imported_calls_;  // import endpoints and queues
+  absl::flat_hash_map<uint64_t, PeerState> peers_;
+  absl::flat_hash_map<uint64_t, absl::flat_hash_map<std::string, uint64_t>> next_seq_;
+  absl::flat_hash_map<std::string, uint64_t> send_seq_;  // import queues: next seq per channel
+  absl::flat_hash_map<std::string, uint32_t> round_robin_;
+  absl::flat_hash_map<uint64_t, Pending> pending_;
+  uint64_t last_correlation_ = 0;
+  std::vector<std::pair<Bridged*, Outbox*>> queued_;
+  std::optional<Stall> stall_;
+  absl::flat_hash_map<std::string, std::size_t> subscribers_;
+  absl::flat_hash_map<std::pair<std::string, uint64_t>, ChannelTraffic> traffic_;
+  absl::flat_hash_set<std::string> logged_;
+  NodeStats counters_;
+  Clock::time_point next_heartbeat_{};
+  Clock::time_point next_check_{};
+};
+
+}  // namespace bus::net::detail

@@ -1,0 +1,166 @@
+#include "wire.hpp"
+
+#include <absl/strings/str_cat.h>
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <cstring>
+#include <optional>
+
+namespace bus::net::detail {
+
+// ---- payload helpers used by the typed adapters ------------------------------------------------
+
+void append_message(capnp::MessageBuilder& builder, std::string& out) {
+  auto segments = builder.getSegmentsForOutput();
+  std::size_t n = segments.size();
+  // Stream framing: (segment count - 1), each segment's size in words, padded to a word.
+  std::size_t table_words = (n + 2) / 2;
+  std::size_t total = table_words;
+  for (auto s : segments) total += s.size();
+  std::size_t at = out.size();
+  out.resize(at + total * sizeof(capnp::word));
+  char* p = out.data() + at;
+  std::memset(p, 0, table_words * sizeof(capnp::word));
+  auto put32 = [&](std::size_t i, uint32_t v) { std::memcpy(p + 4 * i, &v, 4); };
+  put32(0, static_cast<uint32_t>(n - 1));
+  for (std::size_t i = 0; i < n; ++i) put32(i + 1, static_cast<uint32_t>(segments[i].size()));
+  p += table_words * sizeof(capnp::word);
+  for (auto s : segments) {
+    std::memcpy(p, s.begin(), s.size() * sizeof(capnp::word));
+    p += s.size() * sizeof(capnp::word);
+  }
+}
+
+capnp::ReaderOptions reader_options(const Limits& limits) {
+  capnp::ReaderOptions o;
+  o.traversalLimitInWords = limits.traversal_limit_words;
+  o.nestingLimit = limits.nesting_limit;
+  return o;
+}
+
+namespace {
+// 1 KiB covers most messages: building them allocates nothing.
+constexpr std::size_t kScratchWords = 128;
+thread_local capnp::word tls_scratch[kScratchWords];
+thread_local std::optional<capnp::MallocMessageBuilder> tls_builder;
+}  // namespace
+
+capnp::MessageBuilder& scratch_builder() {
+  // MallocMessageBuilder zeroes a caller-provided first segment again when it is destroyed, so
+  // the buffer can be handed to the next builder as the zeroed segment it requires.
+  return tls_builder.emplace(kj::arrayPtr(tls_scratch, kScratchWords));
+}
+
+void release_scratch_builder() { tls_builder.reset(); }
+
+std::string describe(const kj::Exception& e) { return std::string(e.getDescription().cStr()); }
+
+// ---- envelope ------------------------------------------------------------------------------
+
+std::string encode_envelope(const EnvelopeFields& f) {
+  capnp::MessageBuilder& builder = scratch_builder();
+  struct Release {
+    ~Release() { release_scratch_builder(); }
+  } release;
+  auto e = builder.initRoot<wire::Envelope>();
+  e.setKind(f.kind);
+  e.setTypeId(f.type_id);
+  e.setSender(f.sender);
+  e.setSeq(f.seq);
+  e.setCount(f.count);
+  e.setCorrelation(f.correlation);
+  e.setTimeoutUs(f.timeout_us);
+  e.setCode(f.code);
+  if (!f.detail.empty()) e.setDetail(f.detail);
+  std::string out;
+  append_message(builder, out);
+  return out;
+}
+
+absl::StatusOr<EnvelopeFields> decode_envelope(const void* bytes, std::size_t size) {
+  // An envelope is small: anything over 4 KiB is not one.
+  if (size < sizeof(capnp::word) || size % sizeof(capnp::word) != 0 || size > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("envelope frame of ", size, " bytes"));
+  }
+  capnp::word aligned[4096 / sizeof(capnp::word)];
+  std::memcpy(aligned, bytes, size);
+  try {
+    capnp::ReaderOptions o;
+    o.traversalLimitInWords = 1024;
+    o.nestingLimit = 4;
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(aligned, size / sizeof(capnp::word)), o);
+    auto e = reader.getRoot<wire::Envelope>();
+    EnvelopeFields f;
+    f.kind = e.getKind();
+    f.type_id = e.getTypeId();
+    f.sender = e.getSender();
+    f.seq = e.getSeq();
+    f.count = e.getCount();
+    f.correlation = e.getCorrelation();
+    f.timeout_us = e.getTimeoutUs();
+    f.code = e.getCode();
+    if (e.hasDetail()) {
+      auto d = e.getDetail();
+      f.detail.assign(d.begin(), std::min<std::size_t>(d.size(), 1024));
+    }
+    return f;
+  } catch (const kj::Exception& ex) {
+    return absl::InvalidArgumentError(absl::StrCat("bad envelope: ", describe(ex)));
+  }
+}
+
+// ---- payloads ------------------------------------------------------------------------------
+
+absl::Status Payloads::parse(const void* bytes, std::size_t size, uint32_t count,
+                             const Limits& limits) {
+  items_.clear();
+  if (size % sizeof(capnp::word) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload frame of ", size, " bytes is not a whole number of words"));
+  }
+  std::size_t words = size / sizeof(capnp::word);
+  if (count == 0 || count > words / 2) {  // every payload takes at least two words
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload count ", count, " does not fit a frame of ", size, " bytes"));
+  }
+  // ZeroMQ hands out frames that are mostly not 8-byte aligned; Cap'n Proto needs alignment.
+  if (buf_.size() < words) buf_ = kj::heapArray<capnp::word>(words);
+  std::memcpy(buf_.begin(), bytes, size);
+  const capnp::word* at = buf_.begin();
+  const capnp::word* end = at + words;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (end - at < 1) return absl::InvalidArgumentError("payload frame ends early");
+    uint32_t first[2];
+    std::memcpy(first, at, sizeof first);
+    uint64_t segments = uint64_t{first[0]} + 1;
+    if (segments > 512) {
+      return absl::InvalidArgumentError(absl::StrCat("payload with ", segments, " segments"));
+    }
+    uint64_t table_words = (segments + 2) / 2;
+    if (static_cast<uint64_t>(end - at) < table_words) {
+      return absl::InvalidArgumentError("payload segment table ends early");
+    }
+    const auto* sizes = reinterpret_cast<const uint32_t*>(at) + 1;
+    uint64_t body = 0;
+    for (uint64_t s = 0; s < segments; ++s) body += sizes[s];
+    uint64_t total = table_words + body;
+    if (total * sizeof(capnp::word) > limits.max_message_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("payload of ", total * sizeof(capnp::word),
+                                                       " bytes is over the limit of ",
+                                                       limits.max_message_bytes));
+    }
+    if (static_cast<uint64_t>(end - at) < total) {
+      return absl::InvalidArgumentError("payload frame ends early");
+    }
+    items_.push_back(kj::arrayPtr(at, total));
+    at += total;
+  }
+  if (at != end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat((end - at) * sizeof(capnp::word), " bytes after the last payload"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace bus::net::detail

@@ -1,0 +1,52 @@
+# The bus wire protocol: what travels in ZeroMQ frames between nodes. See docs/wire-protocol.md.
+@0xadd54be79bb76725;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("bus::wire");
+
+# Frame 2 of every bus message. Frame 1 is the channel name (UTF-8 bytes, no terminator), so
+# that SUB prefix filtering works; frame 3 holds `count` payloads, each one Cap'n Proto message
+# in the standard stream framing (segment table, then segments), back to back.
+struct Envelope {
+  kind @0 :Kind;
+  typeId @1 :UInt64;       # schema id of every payload in frame 3 (the type identity)
+  sender @2 :UInt64;       # node id: random, new at every start (a restarted node is a new node)
+  seq @3 :UInt64;          # publish/send: sequence number of the first payload on
+                           # (sender, channel); consecutive payloads take the next numbers
+  count @4 :UInt32;        # payloads in frame 3
+  correlation @5 :UInt64;  # request: chosen by the requester; reply: echoed
+  timeoutUs @6 :UInt64;    # request: time left until its deadline, in microseconds
+  code @7 :UInt16;         # reply: a gRPC status code (0 ok, 1 cancelled, 3 invalid argument,
+                           # 4 deadline exceeded, 8 resource exhausted, 10 aborted = peer gone,
+                           # 13 internal = handler failed, 14 unavailable = no handler, ...);
+                           # one payload follows only when it is 0
+  detail @8 :Text;         # reply: a human-readable reason when code is not 0
+
+  enum Kind {
+    publish @0;    # PUB -> SUB: topic messages
+    request @1;    # DEALER -> ROUTER: one request (count = 1)
+    reply @2;      # ROUTER -> DEALER: the reply to `correlation`
+    send @3;       # DEALER -> ROUTER: queue messages (each goes to one consumer)
+    heartbeat @4;  # PUB -> SUB on the control topic: one Heartbeat payload
+  }
+}
+
+# The control topic "$bus.heartbeat" carries one of these from every node, every interval.
+struct Heartbeat {
+  node @0 :UInt64;             # the sender's node id (as in Envelope.sender)
+  name @1 :Text;               # a human-readable node name
+  requestEndpoint @2 :Text;    # where its ROUTER listens: connect a DEALER here for requests
+  intervalMs @3 :UInt32;       # how often it sends heartbeats
+  serves @4 :List(Channel);    # endpoints and queues it takes from other nodes (exported)
+  imports @5 :List(Channel);   # topics it subscribes to from other nodes
+  leaving @6 :Bool;            # sent once at a clean stop: forget this node now
+  publicKey @7 :Text;          # its CURVE public key (Z85), empty without CURVE
+}
+
+struct Channel {
+  name @0 :Text;
+  typeId @1 :UInt64;       # request type for endpoints, message type otherwise
+  replyTypeId @2 :UInt64;  # endpoints only
+  kind @3 :Kind;
+  enum Kind { topic @0; queue @1; endpoint @2; }
+}
