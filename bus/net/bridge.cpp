@@ -22,6 +22,9 @@ constexpr std::size_t kMaxBatchBytes = 32 * 1024;
 // Messages read from one socket before the loop looks at the others (fairness).
 constexpr int kReadBudget = 256;
 constexpr int kLingerMs = 1000;
+// Messages kept per peer while its pipe is full, and the total at which local input pauses.
+constexpr std::size_t kMaxPeerBacklog = 1 << 16;
+constexpr std::size_t kPauseBacklog = 1024;
 
 uint64_t random_id() {
   std::random_device rd;
@@ -58,15 +61,6 @@ Bridge::Bridge(Bus& bus, NodeOptions options)
       id_(random_id()) {
   if (opt_.publish_on().empty()) {
     throw std::invalid_argument("bus.net: NodeOptions::publish_on() is required");
-  }
-  if (opt_.secure()) {
-    for (const Peer& p : opt_.peers()) {
-      if (p.public_key.empty()) {
-        throw std::invalid_argument(absl::StrCat(
-            "bus.net: CURVE is on but peer ", p.endpoint,
-            " has no public key: give it as NodeOptions::peer(endpoint, public_key)"));
-      }
-    }
   }
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw std::runtime_error("bus.net: eventfd() failed");
@@ -201,22 +195,32 @@ void Bridge::setup() {
     sub_->set(zmq::sockopt::curve_publickey, opt_.curve_keys().public_key);
     sub_->set(zmq::sockopt::curve_secretkey, opt_.curve_keys().secret_key);
   }
-  for (const Peer& p : opt_.peers()) {
-    if (p.endpoint == publish_endpoint_ || p.endpoint == opt_.publish_on()) continue;  // us
-    if (opt_.secure()) sub_->set(zmq::sockopt::curve_serverkey, p.public_key);
-    try {
-      sub_->connect(p.endpoint);
-    } catch (const zmq::error_t& e) {
-      throw std::runtime_error(
-          absl::StrCat("bus.net: bad peer endpoint ", p.endpoint, ": ", e.what()));
-    }
-  }
+  for (const Peer& p : opt_.peers()) connect(p);
   counters_.id = id_;
+}
+
+void Bridge::connect(const Peer& p) {
+  if (!inbox_) return;  // stopped
+  if (p.endpoint == publish_endpoint_ || p.endpoint == opt_.publish_on()) return;  // us
+  if (opt_.secure()) {
+    if (p.public_key.empty()) {
+      throw std::invalid_argument(absl::StrCat(
+          "bus.net: CURVE is on but peer ", p.endpoint,
+          " has no public key: give it as NodeOptions::peer(endpoint, public_key)"));
+    }
+    sub_->set(zmq::sockopt::curve_serverkey, p.public_key);
+  }
+  try {
+    sub_->connect(p.endpoint);
+  } catch (const zmq::error_t& e) {
+    throw std::invalid_argument(
+        absl::StrCat("bus.net: bad peer endpoint ", p.endpoint, ": ", e.what()));
+  }
 }
 
 void Bridge::loop() {
   std::vector<zmq::pollitem_t> items;
-  std::vector<PeerState*> dealers;
+  std::vector<uint64_t> dealers;
   Parts parts;
   while (!stopping_.load(std::memory_order_relaxed)) {
     run_commands();
@@ -229,17 +233,17 @@ void Bridge::loop() {
     items.push_back({sub_->handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
     if (zap_) items.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
-    std::size_t first_dealer = items.size();
     for (auto& [id, peer] : peers_) {
       if (!peer.dealer) continue;
-      dealers.push_back(&peer);
-      items.push_back({peer.dealer->handle(), 0, ZMQ_POLLIN, 0});
+      dealers.push_back(id);
+      short events = ZMQ_POLLIN | (peer.backlog.empty() ? 0 : ZMQ_POLLOUT);
+      items.push_back({peer.dealer->handle(), 0, events, 0});
     }
 
     auto now = Clock::now();
     Clock::time_point until = std::min(next_heartbeat_, next_check_);
     if (auto t = inbox_->next_timer()) until = std::min(until, *t);
-    if (stall_) until = std::min(until, now + milliseconds(10));
+    if (stall_ || backlogged_ > 0) until = std::min(until, now + milliseconds(10));
     long timeout = until <= now ? 0 : std::max<long>(1, duration_cast<milliseconds>(until - now).count());
     zmq::poll(items, std::chrono::milliseconds(timeout));
 
@@ -252,22 +256,25 @@ void Bridge::loop() {
       Batch batch(bus_);
       for (int i = 0; i < kReadBudget && recv(*sub_, parts); ++i) on_sub(parts);
       for (int i = 0; i < kReadBudget && recv(*router_, parts); ++i) on_router(parts);
-      for (PeerState* p : dealers) {
-        // on_dealer may forget peers; re-check the socket is still ours.
-        for (int i = 0; i < kReadBudget && p->dealer && recv(*p->dealer, parts); ++i) {
+      for (uint64_t id : dealers) {
+        // Reading may add or forget peers: look the peer up again each time.
+        for (int i = 0; i < kReadBudget; ++i) {
+          auto it = peers_.find(id);
+          if (it == peers_.end() || !it->second.dealer || !recv(*it->second.dealer, parts)) break;
           on_dealer(parts);
         }
       }
     }
-    (void)first_dealer;
     for (int i = 0; i < kReadBudget; ++i) {
       zmq::message_t m;
       if (!xpub_->recv(m, zmq::recv_flags::dontwait)) break;
       on_xpub(m);
     }
     if (zap_) on_zap();
-    if (stall_ && !retry_stall()) {
-      // A subscriber is stuck: hold local input back (local publishers feel the back-pressure).
+    if (backlogged_ > 0) flush_peer_backlogs();
+    if ((stall_ && !retry_stall()) || backlogged_ >= kPauseBacklog) {
+      // A subscriber or a peer is not keeping up: hold local input back (local publishers feel
+      // the back-pressure through the bounded rings).
     } else {
       inbox_->drain();
       flush_publishes();
@@ -331,19 +338,19 @@ void Bridge::run_commands() {
 
 // ---- incoming ------------------------------------------------------------------------------
 
-bool Bridge::recv(zmq::socket_t& s, Parts& parts) {
+bool Bridge::recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts) {
   parts.clear();
   zmq::message_t m;
   if (!s.recv(m, zmq::recv_flags::dontwait)) return false;
   bool more = m.more();
   parts.push_back(std::move(m));
   // No bus message has more than 4 parts (identity, channel, envelope, payloads): keep at most
-  // 5 so a peer cannot make us hold an unbounded list; the caller rejects the rest.
+  // `max_parts` so a peer cannot make us hold an unbounded list; the caller rejects the rest.
   while (more) {
     zmq::message_t next;
     if (!s.recv(next, zmq::recv_flags::none)) break;  // the rest of a multipart is already here
     more = next.more();
-    if (parts.size() < 5) parts.push_back(std::move(next));
+    if (parts.size() < max_parts) parts.push_back(std::move(next));
   }
   return true;
 }
@@ -536,7 +543,7 @@ void Bridge::on_zap() {
   // ZAP (RFC 27): version, request id, domain, address, identity, mechanism, credentials.
   for (;;) {
     Parts parts;
-    if (!recv(*zap_, parts)) return;
+    if (!recv(*zap_, parts, 8)) return;
     std::string status = "400", text = "not allowed";
     std::string key;
     if (parts.size() >= 7 && view(parts[5]) == "CURVE" && parts[6].size() == 32) {
@@ -647,6 +654,37 @@ bool Bridge::send_parts(zmq::socket_t& s, std::string_view channel, const Envelo
   s.send(zmq::buffer(e), zmq::send_flags::sndmore);
   s.send(zmq::buffer(payload), zmq::send_flags::none);
   return true;
+}
+
+bool Bridge::send_to_peer(PeerState& peer, std::string_view channel, const EnvelopeFields& env,
+                          std::string_view payload) {
+  if (peer.backlog.empty() && send_parts(*peer.dealer, channel, env, payload)) return true;
+  // The pipe to it is full (its high-water mark): keep the message, in order, until it drains.
+  // Bounded; while any peer holds a long backlog the node stops taking local input.
+  if (peer.backlog.size() >= kMaxPeerBacklog) return false;
+  std::string e = encode_envelope(env);
+  Parts parts;
+  parts.emplace_back(channel.data(), channel.size());
+  parts.emplace_back(e.data(), e.size());
+  parts.emplace_back(payload.data(), payload.size());
+  peer.backlog.push_back(std::move(parts));
+  ++backlogged_;
+  return true;
+}
+
+void Bridge::flush_peer_backlogs() {
+  for (auto& [id, peer] : peers_) {
+    while (!peer.backlog.empty()) {
+      Parts& parts = peer.backlog.front();
+      if (!peer.dealer->send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        break;
+      }
+      peer.dealer->send(parts[1], zmq::send_flags::sndmore);
+      peer.dealer->send(parts[2], zmq::send_flags::none);
+      peer.backlog.pop_front();
+      --backlogged_;
+    }
+  }
 }
 
 void Bridge::queue_publish(Bridged& channel, Outbox& out) {
@@ -773,7 +811,7 @@ void Bridge::call(Bridged& channel, std::string payload, Clock::time_point deadl
   env.timeout_us = left > Clock::duration::zero()
                        ? static_cast<uint64_t>(duration_cast<microseconds>(left).count())
                        : 0;
-  if (!send_parts(*peer->dealer, channel.name, env, payload)) {
+  if (!send_to_peer(*peer, channel.name, env, payload)) {
     ++counters_.send_refused;
     pending->finish(absl::ResourceExhaustedError(absl::StrCat(
                         "bus.net: no room toward node '", peer->name, "' for '", channel.name,
@@ -798,7 +836,7 @@ absl::Status Bridge::send(Bridged& channel, std::string payload) {
     env.sender = id_;
     env.count = 1;
     env.seq = ++send_seq_[channel.name];
-    if (send_parts(*peer->dealer, channel.name, env, payload)) {
+    if (send_to_peer(*peer, channel.name, env, payload)) {
       ++traffic(channel.name, peer->id).sent;
       return absl::OkStatus();
     }
@@ -864,6 +902,11 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why) {
     auto node = pending_.extract(corr);
     ++counters_.calls_peer_gone;
     node.mapped().call->finish(why, {});
+  }
+  if (!it->second.backlog.empty()) {
+    // Queue messages and requests that never left: the requests failed above; count the rest.
+    backlogged_ -= it->second.backlog.size();
+    counters_.send_refused += it->second.backlog.size();
   }
   peers_.erase(it);
   next_seq_.erase(id);
@@ -1006,6 +1049,20 @@ Node::Node(Bus& bus, NodeOptions options)
     : bridge_(std::make_unique<detail::Bridge>(bus, std::move(options))) {}
 Node::~Node() { stop(); }
 void Node::stop() { bridge_->stop(); }
+Node& Node::peer(std::string endpoint, std::string public_key) {
+  Peer p{std::move(endpoint), std::move(public_key)};
+  std::exception_ptr error;
+  bridge_->query([&] {
+    try {
+      bridge_->connect(p);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    return 0;
+  });
+  if (error) std::rethrow_exception(error);
+  return *this;
+}
 Node& Node::add(std::unique_ptr<detail::Bridged> channel) {
   bridge_->add(std::move(channel));
   return *this;

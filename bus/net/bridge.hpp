@@ -6,6 +6,7 @@
 #include <absl/functional/any_invocable.h>
 
 #include <atomic>
+#include <deque>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -38,6 +39,7 @@ struct PeerState {
   std::vector<ChannelDesc> serves;
   std::vector<ChannelDesc> imports;
   std::unique_ptr<zmq::socket_t> dealer;  // requests and queue messages to it
+  std::deque<std::vector<zmq::message_t>> backlog;  // what its full pipe did not take yet
 };
 
 class Bridge final : public Link {
@@ -47,6 +49,7 @@ class Bridge final : public Link {
 
   void stop();
   void add(std::unique_ptr<Bridged> channel);
+  void connect(const Peer& peer);
   /// Runs `fn` on the bridge thread (or here, once it has stopped) and returns its result.
   template <class F>
   auto query(F fn) -> decltype(fn()) {
@@ -106,7 +109,7 @@ class Bridge final : public Link {
   void run_commands();
 
   // incoming
-  bool recv(zmq::socket_t& s, Parts& parts);
+  bool recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts = 5);
   void on_sub(Parts& parts);
   void on_router(Parts& parts);
   void on_dealer(Parts& parts);
@@ -120,6 +123,11 @@ class Bridge final : public Link {
   bool send_parts(zmq::socket_t& s, std::string_view channel, const EnvelopeFields& env,
                   std::string_view payload);
   void flush_publishes();
+  /// Sends to a peer's DEALER, or keeps the message in the peer's backlog while its pipe is
+  /// full. False only when the backlog is full too.
+  bool send_to_peer(PeerState& peer, std::string_view channel, const EnvelopeFields& env,
+                    std::string_view payload);
+  void flush_peer_backlogs();
   bool retry_stall();
   void heartbeat(bool leaving);
 
@@ -164,6 +172,7 @@ class Bridge final : public Link {
   uint64_t last_correlation_ = 0;
   std::vector<std::pair<Bridged*, Outbox*>> queued_;
   std::optional<Stall> stall_;
+  std::size_t backlogged_ = 0;  // messages in peers' backlogs
   absl::flat_hash_map<std::string, std::size_t> subscribers_;
   absl::flat_hash_map<std::pair<std::string, uint64_t>, ChannelTraffic> traffic_;
   absl::flat_hash_set<std::string> logged_;

@@ -9,12 +9,11 @@ namespace bus_test {
 
 /// Waits, within a generous bound, until `done()` holds. A bound missed is a failure, not a timing.
 template <class F>
-bool eventually(F done) {
-  using namespace std::chrono_literals;
-  auto limit = std::chrono::steady_clock::now() + 30s;
+bool eventually(F done, std::chrono::milliseconds bound = std::chrono::seconds(30)) {
+  auto limit = std::chrono::steady_clock::now() + bound;
   while (!done()) {
     if (std::chrono::steady_clock::now() > limit) return false;
-    std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;
 }

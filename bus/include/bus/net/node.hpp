@@ -83,6 +83,9 @@ class Node {
     return add(std::make_unique<detail::ImportEndpoint<Req, Rep>>(endpoint));
   }
 
+  /// Listens to one more node (like NodeOptions::peer, at run time).
+  Node& peer(std::string endpoint, std::string public_key = {});
+
   /// This node's id (random, new at every start).
   uint64_t id() const;
   /// The endpoints actually bound (a `*` port resolved).

@@ -63,11 +63,11 @@ absl::StatusOr<T> decode(kj::ArrayPtr<const capnp::word> words, const Limits& li
       return Codec<T>::decode(root);
     }
   } catch (const kj::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("undecodable ", bus::detail::type_name<S>(),
+    return absl::InvalidArgumentError(absl::StrCat("undecodable ", std::string(bus::detail::type_name<S>()),
                                                    " payload: ", describe(e)));
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat("codec of ", bus::detail::type_name<T>(), " failed: ", e.what()));
+        absl::StrCat("codec of ", std::string(bus::detail::type_name<T>()), " failed: ", e.what()));
   }
 }
 

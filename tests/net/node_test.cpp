@@ -1,0 +1,255 @@
+// Two or three nodes in one process, each on its own bus, talking over real sockets.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <bus/net/node.hpp>
+#include <bus/schemas/demo.capnp.h>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "support/test_support.hpp"
+
+using namespace std::chrono_literals;
+using bus::Message;
+using bus::net::Node;
+using bus::net::NodeOptions;
+
+namespace {
+
+using Reading = Message<demo::Reading>;
+using StatsRequest = Message<demo::StatsRequest>;
+using StatsReply = Message<demo::StatsReply>;
+
+inline const bus::Topic<Reading> readings{"test.net.readings"};
+inline const bus::Endpoint<StatsRequest, StatsReply> stats_ep{"test.net.stats"};
+inline const bus::Queue<Reading> jobs{"test.net.jobs"};
+inline const bus::Endpoint<StatsRequest, StatsReply> failing_ep{"test.net.failing"};
+inline const bus::Endpoint<StatsRequest, StatsReply> slow_ep{"test.net.slow"};
+
+Reading reading(uint64_t seq, double v) {
+  return bus::build<demo::Reading>([&](demo::Reading::Builder r) {
+    r.setSensor("s1");
+    r.setSeq(seq);
+    r.setValue(v);
+  });
+}
+
+StatsRequest ask(const char* sensor = "") {
+  return bus::build<demo::StatsRequest>([&](auto r) { r.setSensor(sensor); });
+}
+
+NodeOptions local(const char* name) {
+  return NodeOptions()
+      .name(name)
+      .publish_on("tcp://127.0.0.1:*")
+      .requests_on("tcp://127.0.0.1:*")
+      .heartbeat(50ms, 4);
+}
+
+/// Two nodes that listen to each other.
+struct Pair {
+  bus::Bus bus_a{bus::Options().executors(2)};
+  bus::Bus bus_b{bus::Options().executors(2)};
+  Node a{bus_a, local("a")};
+  Node b{bus_b, local("b")};
+  Pair() {
+    a.peer(b.publish_endpoint());
+    b.peer(a.publish_endpoint());
+  }
+};
+
+}  // namespace
+
+TEST(Node, TopicMessagesCrossInOrderWithNothingLost) {
+  Pair p;
+  p.a.export_topic(readings);
+  p.b.import_topic(readings);
+  std::mutex mu;
+  std::vector<uint64_t> seen;
+  double sum = 0;
+  auto sub = p.bus_b.subscribe(readings, [&](const Reading& r) {
+    std::lock_guard lock(mu);
+    seen.push_back(r->getSeq());
+    sum += r->getValue();
+  });
+  ASSERT_TRUE(p.a.wait_for_subscribers(readings.name(), 1, 10s));
+  constexpr uint64_t kN = 20000;
+  double expect = 0;
+  for (uint64_t i = 1; i <= kN; ++i) {
+    ASSERT_TRUE(p.bus_a.publish(readings, reading(i, 0.5 * i)).ok());
+    expect += 0.5 * i;
+  }
+  ASSERT_TRUE(bus_test::eventually([&] {
+    std::lock_guard lock(mu);
+    return seen.size() == kN;
+  }, 30s));
+  std::lock_guard lock(mu);
+  for (uint64_t i = 0; i < kN; ++i) ASSERT_EQ(seen[i], i + 1);
+  EXPECT_DOUBLE_EQ(sum, expect);
+  auto st = p.b.stats().channel(readings.name());
+  EXPECT_EQ(st.received, kN);
+  EXPECT_EQ(st.gaps, 0u);
+  EXPECT_EQ(st.rejected, 0u);
+}
+
+TEST(Node, RequestReplyCrossesNodes) {
+  Pair p;
+  auto server = p.bus_a.serve(stats_ep, [](StatsRequest&& req) {
+    return bus::build<demo::StatsReply>([&](demo::StatsReply::Builder r) {
+      r.setReadings(42);
+      auto s = r.initSensors(1);
+      s[0].setSensor(req->getSensor());
+    });
+  });
+  p.a.export_endpoint(stats_ep);
+  p.b.import_endpoint(stats_ep);
+  ASSERT_TRUE(p.b.wait_for_server(stats_ep.name(), 10s));
+  for (int i = 0; i < 100; ++i) {
+    absl::StatusOr<StatsReply> rep = p.bus_b.call(stats_ep, ask("kitchen"), 5s);
+    ASSERT_TRUE(rep.ok()) << rep.status();
+    EXPECT_EQ((*rep)->getReadings(), 42u);
+    EXPECT_EQ(std::string((*rep)->getSensors()[0].getSensor().cStr()), "kitchen");
+  }
+  // From an executor, with a callback on the caller's executor.
+  std::atomic<int> ok{0};
+  for (int i = 0; i < 100; ++i) {
+    (void)p.bus_b.post(bus::on_executor(0), [&] {
+      p.bus_b.request(stats_ep, ask("x"), 5s, [&](absl::StatusOr<StatsReply> r) {
+        if (r.ok() && p.bus_b.current_executor() == 0u) ok.fetch_add(1);
+      });
+    });
+  }
+  ASSERT_TRUE(bus_test::eventually([&] { return ok.load() == 100; }, 30s));
+}
+
+TEST(Node, HandlerErrorsKeepTheirStatusAcrossNodes) {
+  Pair p;
+  auto server = p.bus_a.serve(failing_ep, [](StatsRequest&&) -> absl::StatusOr<StatsReply> {
+    return absl::NotFoundError("no such sensor");
+  });
+  p.a.export_endpoint(failing_ep);
+  p.b.import_endpoint(failing_ep);
+  ASSERT_TRUE(p.b.wait_for_server(failing_ep.name(), 10s));
+  auto rep = p.bus_b.call(failing_ep, ask(), 5s);
+  ASSERT_FALSE(rep.ok());
+  EXPECT_EQ(rep.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(rep.status().message(), "no such sensor");
+}
+
+TEST(Node, RequestWithoutALiveServerIsUnavailable) {
+  Pair p;
+  p.b.import_endpoint(slow_ep);
+  auto rep = p.bus_b.call(slow_ep, ask(), 2s);
+  ASSERT_FALSE(rep.ok());
+  EXPECT_EQ(rep.status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(Node, SlowRemoteHandlerGivesDeadlineExceededOnTime) {
+  Pair p;
+  bus_test::Gate gate;
+  auto server = p.bus_a.serve(slow_ep, [&](StatsRequest&&) {
+    gate.wait();
+    return StatsReply();
+  });
+  p.a.export_endpoint(slow_ep);
+  p.b.import_endpoint(slow_ep);
+  ASSERT_TRUE(p.b.wait_for_server(slow_ep.name(), 10s));
+  auto rep = p.bus_b.call(slow_ep, ask(), 200ms);
+  gate.open();
+  ASSERT_FALSE(rep.ok());
+  EXPECT_EQ(rep.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(Node, QueueMessagesReachARemoteConsumerOnce) {
+  Pair p;
+  std::atomic<uint64_t> count{0}, sum{0};
+  auto consumer = p.bus_a.consume(jobs, [&](Reading&& r) {
+    sum.fetch_add(r->getSeq());
+    count.fetch_add(1);
+  });
+  p.a.export_queue(jobs);
+  p.b.import_queue(jobs);
+  ASSERT_TRUE(p.b.wait_for_server(jobs.name(), 10s));
+  constexpr uint64_t kN = 2000;
+  for (uint64_t i = 1; i <= kN; ++i) ASSERT_TRUE(p.bus_b.send(jobs, reading(i, 1)).ok());
+  ASSERT_TRUE(bus_test::eventually([&] { return count.load() == kN; }, 30s));
+  EXPECT_EQ(sum.load(), kN * (kN + 1) / 2);
+}
+
+TEST(Node, ThreeNodesFanOutAndRoundRobinRequests) {
+  bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)},
+      bc{bus::Options().executors(1)};
+  Node a{ba, local("a")}, b{bb, local("b")}, c{bc, local("c")};
+  for (Node* n : {&a, &b, &c}) {
+    for (Node* m : {&a, &b, &c}) {
+      if (n != m) n->peer(m->publish_endpoint());
+    }
+  }
+  std::atomic<int> served_b{0}, served_c{0};
+  auto sb = bb.serve(stats_ep, [&](StatsRequest&&) {
+    served_b.fetch_add(1);
+    return StatsReply();
+  });
+  auto sc = bc.serve(stats_ep, [&](StatsRequest&&) {
+    served_c.fetch_add(1);
+    return StatsReply();
+  });
+  b.export_endpoint(stats_ep).import_topic(readings);
+  c.export_endpoint(stats_ep).import_topic(readings);
+  a.import_endpoint(stats_ep).export_topic(readings);
+  std::atomic<int> got_b{0}, got_c{0};
+  auto rb = bb.subscribe(readings, [&](const Reading&) { got_b.fetch_add(1); });
+  auto rc = bc.subscribe(readings, [&](const Reading&) { got_c.fetch_add(1); });
+  ASSERT_TRUE(a.wait_for_subscribers(readings.name(), 2, 10s));
+  ASSERT_TRUE(bus_test::eventually([&] { return a.peers().size() == 2; }, 10s));
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(ba.publish(readings, reading(i + 1, 1)).ok());
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(ba.call(stats_ep, ask(), 5s).ok());
+  ASSERT_TRUE(bus_test::eventually([&] { return got_b == 100 && got_c == 100; }, 30s));
+  EXPECT_EQ(served_b + served_c, 100);
+  EXPECT_GT(served_b.load(), 0);
+  EXPECT_GT(served_c.load(), 0);
+}
+
+TEST(Node, MalformedFramesAreCountedAndDoNotDisturbTraffic) {
+  Pair p;
+  auto server = p.bus_a.serve(stats_ep, [](StatsRequest&&) { return StatsReply(); });
+  p.a.export_endpoint(stats_ep);
+  p.b.import_endpoint(stats_ep);
+  zmq::context_t ctx;
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.connect(p.a.request_endpoint());
+  std::string junk(64, '\x7f');
+  raw.send(zmq::buffer(std::string_view("test.net.stats")), zmq::send_flags::sndmore);
+  raw.send(zmq::buffer(junk), zmq::send_flags::sndmore);
+  raw.send(zmq::buffer(junk), zmq::send_flags::none);
+  raw.send(zmq::buffer(std::string_view("only one part")), zmq::send_flags::none);
+  ASSERT_TRUE(bus_test::eventually([&] { return p.a.stats().malformed_frames >= 2; }, 10s));
+  ASSERT_TRUE(p.b.wait_for_server(stats_ep.name(), 10s));
+  EXPECT_TRUE(p.bus_b.call(stats_ep, ask(), 5s).ok());
+}
+
+TEST(Node, CurveAllowsListedKeysOnly) {
+  auto ka = bus::net::CurveKeys::generate(), kb = bus::net::CurveKeys::generate(),
+       kx = bus::net::CurveKeys::generate();
+  bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)},
+      bx{bus::Options().executors(1)};
+  Node a{ba, local("a").curve(ka, {kb.public_key})};
+  Node b{bb, local("b").curve(kb, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
+  Node x{bx, local("intruder").curve(kx, {ka.public_key}).peer(a.publish_endpoint(),
+                                                                 ka.public_key)};
+  a.export_topic(readings);
+  b.import_topic(readings);
+  x.import_topic(readings);
+  std::atomic<int> got_b{0}, got_x{0};
+  auto sb = bb.subscribe(readings, [&](const Reading&) { got_b.fetch_add(1); });
+  auto sx = bx.subscribe(readings, [&](const Reading&) { got_x.fetch_add(1); });
+  ASSERT_TRUE(a.wait_for_subscribers(readings.name(), 1, 10s));
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(ba.publish(readings, reading(i + 1, 1)).ok());
+  ASSERT_TRUE(bus_test::eventually([&] { return got_b.load() == 50; }, 10s));
+  ASSERT_TRUE(bus_test::eventually([&] { return a.stats().auth_denied > 0; }, 10s));
+  EXPECT_EQ(got_x.load(), 0);
+  EXPECT_EQ(a.subscribers(readings.name()), 1u);
+}
