@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job: builds and runs the in-process demo (typed pub/sub, a service, a request).
+# The main job: builds the multi-process demo and runs it (three programs on one bus over
+# ZeroMQ: a producer, a stateful aggregator service, a monitor that calls it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 cmake -S . -B build-demo -DBUS_BUILD_TESTS=OFF -DBUS_BUILD_BENCH=OFF -DBUS_BUILD_EXAMPLES=ON >/dev/null
-cmake --build build-demo -j2 --target hello_pubsub
-./build-demo/examples/hello_pubsub
+cmake --build build-demo -j2 --target demo_producer demo_aggregator demo_monitor
+bash examples/demo/run.sh build-demo/examples "$@"

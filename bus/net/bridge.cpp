@@ -176,8 +176,8 @@ void Bridge::setup() {
   // Without MANDATORY a reply to a requester that went away is dropped silently.
   router_->set(zmq::sockopt::router_mandatory, 1);
   router_->set(zmq::sockopt::linger, kLingerMs);
-  router_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt_.max_message_bytes()) * 4 +
-                                              (1 << 20));
+  router_->set(zmq::sockopt::maxmsgsize,
+               static_cast<int64_t>(opt_.max_message_bytes()) * 4 + (1 << 20));
   server(*router_);
   if (!opt_.requests_on().empty()) {
     std::string bound = bind(*router_, opt_.requests_on(), "request");
@@ -186,10 +186,10 @@ void Bridge::setup() {
 
   sub_.emplace(ctx_, zmq::socket_type::sub);
   sub_->set(zmq::sockopt::linger, 0);
-  sub_->set(zmq::sockopt::maxmsgsize,
-            static_cast<int64_t>(std::max<std::size_t>(opt_.max_message_bytes(), kMaxBatchBytes)) *
-                    4 +
-                (1 << 20));
+  sub_->set(
+      zmq::sockopt::maxmsgsize,
+      static_cast<int64_t>(std::max<std::size_t>(opt_.max_message_bytes(), kMaxBatchBytes)) * 4 +
+          (1 << 20));
   sub_->set(zmq::sockopt::subscribe, kHeartbeatTopic);
   if (opt_.secure()) {
     sub_->set(zmq::sockopt::curve_publickey, opt_.curve_keys().public_key);
@@ -200,13 +200,13 @@ void Bridge::setup() {
 }
 
 void Bridge::connect(const Peer& p) {
-  if (!inbox_) return;  // stopped
+  if (!inbox_) return;                                                             // stopped
   if (p.endpoint == publish_endpoint_ || p.endpoint == opt_.publish_on()) return;  // us
   if (opt_.secure()) {
     if (p.public_key.empty()) {
-      throw std::invalid_argument(absl::StrCat(
-          "bus.net: CURVE is on but peer ", p.endpoint,
-          " has no public key: give it as NodeOptions::peer(endpoint, public_key)"));
+      throw std::invalid_argument(
+          absl::StrCat("bus.net: CURVE is on but peer ", p.endpoint,
+                       " has no public key: give it as NodeOptions::peer(endpoint, public_key)"));
     }
     sub_->set(zmq::sockopt::curve_serverkey, p.public_key);
   }
@@ -228,8 +228,8 @@ void Bridge::loop() {
     dealers.clear();
     items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
     items.push_back({nullptr, inbox_->fd(), ZMQ_POLLIN, 0});
-    items.push_back({xpub_->handle(), 0, static_cast<short>(ZMQ_POLLIN | (stall_ ? ZMQ_POLLOUT : 0)),
-                     0});
+    items.push_back(
+        {xpub_->handle(), 0, static_cast<short>(ZMQ_POLLIN | (stall_ ? ZMQ_POLLOUT : 0)), 0});
     items.push_back({sub_->handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
     if (zap_) items.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
@@ -244,7 +244,8 @@ void Bridge::loop() {
     Clock::time_point until = std::min(next_heartbeat_, next_check_);
     if (auto t = inbox_->next_timer()) until = std::min(until, *t);
     if (stall_ || backlogged_ > 0) until = std::min(until, now + milliseconds(10));
-    long timeout = until <= now ? 0 : std::max<long>(1, duration_cast<milliseconds>(until - now).count());
+    long timeout =
+        until <= now ? 0 : std::max<long>(1, duration_cast<milliseconds>(until - now).count());
     zmq::poll(items, std::chrono::milliseconds(timeout));
 
     if (items[0].revents & ZMQ_POLLIN) {
@@ -357,13 +358,14 @@ bool Bridge::recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts) {
 
 void Bridge::malformed(absl::string_view from, const absl::Status& why) {
   ++counters_.malformed_frames;
-  log_once(absl::StrCat("malformed:", from), absl::StrCat("dropped a malformed frame from the ",
-                                                          from, " socket: ", why.message()));
+  log_once(absl::StrCat("malformed:", from),
+           absl::StrCat("dropped a malformed frame from the ", from, " socket: ", why.message()));
 }
 
 void Bridge::on_sub(Parts& parts) {
-  if (parts.size() != 3) return malformed("subscriber", absl::InvalidArgumentError(absl::StrCat(
-                                                            parts.size(), " parts, expected 3")));
+  if (parts.size() != 3)
+    return malformed("subscriber",
+                     absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 3")));
   absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[1].data(), parts[1].size());
   if (!env.ok()) return malformed("subscriber", env.status());
   if (env->sender == id_) return;
@@ -373,8 +375,8 @@ void Bridge::on_sub(Parts& parts) {
       !st.ok()) {
     if (st.code() == absl::StatusCode::kResourceExhausted) {
       ++counters_.oversized;
-      log_once(absl::StrCat("oversized:", name), absl::StrCat("dropped oversized messages on '",
-                                                              name, "': ", st.message()));
+      log_once(absl::StrCat("oversized:", name),
+               absl::StrCat("dropped oversized messages on '", name, "': ", st.message()));
       return;
     }
     return malformed("subscriber", st);
@@ -424,8 +426,9 @@ void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& pay
 }
 
 void Bridge::on_router(Parts& parts) {
-  if (parts.size() != 4) return malformed("request", absl::InvalidArgumentError(absl::StrCat(
-                                                         parts.size(), " parts, expected 4")));
+  if (parts.size() != 4)
+    return malformed("request",
+                     absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 4")));
   absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[2].data(), parts[2].size());
   if (!env.ok()) return malformed("request", env.status());
   std::string name(view(parts[1]));
@@ -477,9 +480,9 @@ void Bridge::on_router(Parts& parts) {
   if (env->type_id != ch.type_id) {
     ++t.rejected;
     reply(ch, call,
-          absl::InvalidArgumentError(absl::StrCat(
-              "bus.net: request type id ", absl::Hex(env->type_id), " is not the type of '", name,
-              "' here (", absl::Hex(ch.type_id), ")")),
+          absl::InvalidArgumentError(absl::StrCat("bus.net: request type id ",
+                                                  absl::Hex(env->type_id), " is not the type of '",
+                                                  name, "' here (", absl::Hex(ch.type_id), ")")),
           {});
     return;
   }
@@ -488,8 +491,9 @@ void Bridge::on_router(Parts& parts) {
 }
 
 void Bridge::on_dealer(Parts& parts) {
-  if (parts.size() != 3) return malformed("reply", absl::InvalidArgumentError(absl::StrCat(
-                                                       parts.size(), " parts, expected 3")));
+  if (parts.size() != 3)
+    return malformed("reply",
+                     absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 3")));
   absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[1].data(), parts[1].size());
   if (!env.ok()) return malformed("reply", env.status());
   if (env->kind != wire::Envelope::Kind::REPLY) {
@@ -511,15 +515,14 @@ void Bridge::on_dealer(Parts& parts) {
   Payloads payloads;
   absl::Status st = payloads.parse(parts[2].data(), parts[2].size(), 1, limits_);
   if (st.ok() && env->type_id != p.channel->reply_type_id) {
-    st = absl::InvalidArgumentError(
-        absl::StrCat("reply type id ", absl::Hex(env->type_id), " is not the endpoint's (",
-                     absl::Hex(p.channel->reply_type_id), ")"));
+    st = absl::InvalidArgumentError(absl::StrCat("reply type id ", absl::Hex(env->type_id),
+                                                 " is not the endpoint's (",
+                                                 absl::Hex(p.channel->reply_type_id), ")"));
   }
   if (!st.ok()) {
     ++t.rejected;
     p.call->finish(absl::InternalError(absl::StrCat("bus.net: bad reply from node ", p.peer,
-                                                    " on '", p.channel->name,
-                                                    "': ", st.message())),
+                                                    " on '", p.channel->name, "': ", st.message())),
                    {});
     return;
   }
@@ -557,8 +560,8 @@ void Bridge::on_zap() {
     }
     if (status != "200") {
       ++counters_.auth_denied;
-      log_once(absl::StrCat("zap:", key), absl::StrCat("refused a connection from key '", key,
-                                                       "': not in the allowlist"));
+      log_once(absl::StrCat("zap:", key),
+               absl::StrCat("refused a connection from key '", key, "': not in the allowlist"));
     }
     std::string request_id = parts.size() > 1 ? std::string(view(parts[1])) : "";
     zap_->send(zmq::buffer(std::string_view("1.0")), zmq::send_flags::sndmore);
@@ -611,8 +614,8 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
         }
       }
       for (uint64_t other : replaced) {
-        forget_peer(other, absl::AbortedError(absl::StrCat(
-                               "bus.net: peer gone: node '", p.name, "' restarted")));
+        forget_peer(other, absl::AbortedError(
+                               absl::StrCat("bus.net: peer gone: node '", p.name, "' restarted")));
       }
       if (!p.request_endpoint.empty()) {
         p.dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
@@ -741,8 +744,8 @@ bool Bridge::retry_stall() {
     // count the gap) rather than hold every local publisher back forever.
     counters_.publish_dropped += stall_->count;
     log_once("stall", absl::StrCat("a subscriber stalled the publisher for over ",
-                                   opt_.send_stall_limit().count(), " ms; dropped ",
-                                   stall_->count, " messages (receivers count them as gaps)"));
+                                   opt_.send_stall_limit().count(), " ms; dropped ", stall_->count,
+                                   " messages (receivers count them as gaps)"));
     stall_.reset();
     return true;
   }
@@ -796,9 +799,9 @@ void Bridge::call(Bridged& channel, std::string payload, Clock::time_point deadl
                   std::unique_ptr<PendingCall> pending) {
   PeerState* peer = pick_peer(channel, /*endpoint=*/true);
   if (peer == nullptr) {
-    pending->finish(absl::UnavailableError(absl::StrCat("bus.net: no live node serves '",
-                                                        channel.name, "'")),
-                    {});
+    pending->finish(
+        absl::UnavailableError(absl::StrCat("bus.net: no live node serves '", channel.name, "'")),
+        {});
     return;
   }
   EnvelopeFields env;
@@ -827,8 +830,8 @@ absl::Status Bridge::send(Bridged& channel, std::string payload) {
   PeerState* peer = pick_peer(channel, /*endpoint=*/false);
   absl::Status st;
   if (peer == nullptr) {
-    st = absl::UnavailableError(absl::StrCat("bus.net: no live node consumes '", channel.name,
-                                             "'"));
+    st =
+        absl::UnavailableError(absl::StrCat("bus.net: no live node consumes '", channel.name, "'"));
   } else {
     EnvelopeFields env;
     env.kind = wire::Envelope::Kind::SEND;
@@ -884,9 +887,9 @@ void Bridge::check_peers() {
   for (uint64_t id : dead) {
     ++counters_.peers_lost;
     auto& p = peers_[id];
-    forget_peer(id, absl::AbortedError(absl::StrCat(
-                        "bus.net: peer gone: node '", p.name, "' missed ", opt_.dead_after(),
-                        " heartbeats with the request in flight")));
+    forget_peer(id, absl::AbortedError(absl::StrCat("bus.net: peer gone: node '", p.name,
+                                                    "' missed ", opt_.dead_after(),
+                                                    " heartbeats with the request in flight")));
   }
 }
 

@@ -6,8 +6,8 @@
 #include <absl/functional/any_invocable.h>
 
 #include <atomic>
-#include <deque>
 #include <chrono>
+#include <deque>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -38,7 +38,7 @@ struct PeerState {
   Clock::time_point last_seen;
   std::vector<ChannelDesc> serves;
   std::vector<ChannelDesc> imports;
-  std::unique_ptr<zmq::socket_t> dealer;  // requests and queue messages to it
+  std::unique_ptr<zmq::socket_t> dealer;            // requests and queue messages to it
   std::deque<std::vector<zmq::message_t>> backlog;  // what its full pipe did not take yet
 };
 

@@ -1,9 +1,9 @@
 // Two or three nodes in one process, each on its own bus, talking over real sockets.
+#include <bus/schemas/demo.capnp.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <bus/net/node.hpp>
-#include <bus/schemas/demo.capnp.h>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -82,10 +82,12 @@ TEST(Node, TopicMessagesCrossInOrderWithNothingLost) {
     ASSERT_TRUE(p.bus_a.publish(readings, reading(i, 0.5 * i)).ok());
     expect += 0.5 * i;
   }
-  ASSERT_TRUE(bus_test::eventually([&] {
-    std::lock_guard lock(mu);
-    return seen.size() == kN;
-  }, 30s));
+  ASSERT_TRUE(bus_test::eventually(
+      [&] {
+        std::lock_guard lock(mu);
+        return seen.size() == kN;
+      },
+      30s));
   std::lock_guard lock(mu);
   for (uint64_t i = 0; i < kN; ++i) ASSERT_EQ(seen[i], i + 1);
   EXPECT_DOUBLE_EQ(sum, expect);
@@ -238,8 +240,8 @@ TEST(Node, CurveAllowsListedKeysOnly) {
       bx{bus::Options().executors(1)};
   Node a{ba, local("a").curve(ka, {kb.public_key})};
   Node b{bb, local("b").curve(kb, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
-  Node x{bx, local("intruder").curve(kx, {ka.public_key}).peer(a.publish_endpoint(),
-                                                                 ka.public_key)};
+  Node x{bx,
+         local("intruder").curve(kx, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
   a.export_topic(readings);
   b.import_topic(readings);
   x.import_topic(readings);

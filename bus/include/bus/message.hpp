@@ -60,8 +60,7 @@ class Message {
  private:
   struct State {
     explicit State(kj::Array<capnp::word> w)
-        : words(std::move(w)),
-          root(capnp::readMessageUnchecked<S>(words.begin() + 1)) {}
+        : words(std::move(w)), root(capnp::readMessageUnchecked<S>(words.begin() + 1)) {}
     kj::Array<capnp::word> words;
     Reader root;
   };

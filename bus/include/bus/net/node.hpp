@@ -28,8 +28,8 @@ namespace detail {
 class Bridge;
 }
 
-#define BUS_NET_REQUIRE_CODEC(T)                                                                \
-  static_assert(::bus::Bridgeable<T>,                                                           \
+#define BUS_NET_REQUIRE_CODEC(T)                                                              \
+  static_assert(::bus::Bridgeable<T>,                                                         \
                 "bus: this channel's message type cannot cross processes: use a Cap'n Proto " \
                 "struct (bus::Message<S>) or specialise bus::Codec<T> for it")
 

@@ -24,27 +24,27 @@ struct ChannelTraffic {
   std::string channel;
   uint64_t peer = 0;
   std::string peer_name;
-  uint64_t sent = 0;       // messages (publishes, sends, requests, replies) that left for it
-  uint64_t received = 0;   // accepted from it
-  uint64_t gaps = 0;       // messages it sent that never arrived (sequence numbers skipped)
-  uint64_t rejected = 0;   // wrong type id, undecodable payload
+  uint64_t sent = 0;      // messages (publishes, sends, requests, replies) that left for it
+  uint64_t received = 0;  // accepted from it
+  uint64_t gaps = 0;      // messages it sent that never arrived (sequence numbers skipped)
+  uint64_t rejected = 0;  // wrong type id, undecodable payload
 };
 
 struct NodeStats {
   uint64_t id = 0;
   std::vector<PeerInfo> peers;          // live peers
   std::vector<ChannelTraffic> traffic;  // per (channel, peer)
-  uint64_t published = 0;      // topic messages that left through the publisher
-  uint64_t publish_dropped = 0;  // batches dropped after a subscriber stalled the publisher
-  uint64_t malformed_frames = 0;  // bad envelope, bad framing, wrong part count
-  uint64_t oversized = 0;         // payloads over max_message_bytes
-  uint64_t unknown_channel = 0;   // frames for channels this node does not bridge
-  uint64_t peers_lost = 0;        // nodes declared dead (missed heartbeats)
-  uint64_t calls_peer_gone = 0;   // requests failed because their node died
-  uint64_t late_replies = 0;      // replies after their request was done
-  uint64_t unroutable_replies = 0;  // replies whose requester disconnected
-  uint64_t send_refused = 0;      // requests or queue messages refused: no room toward the peer
-  uint64_t auth_denied = 0;       // connections refused by the CURVE allowlist
+  uint64_t published = 0;               // topic messages that left through the publisher
+  uint64_t publish_dropped = 0;         // batches dropped after a subscriber stalled the publisher
+  uint64_t malformed_frames = 0;        // bad envelope, bad framing, wrong part count
+  uint64_t oversized = 0;               // payloads over max_message_bytes
+  uint64_t unknown_channel = 0;         // frames for channels this node does not bridge
+  uint64_t peers_lost = 0;              // nodes declared dead (missed heartbeats)
+  uint64_t calls_peer_gone = 0;         // requests failed because their node died
+  uint64_t late_replies = 0;            // replies after their request was done
+  uint64_t unroutable_replies = 0;      // replies whose requester disconnected
+  uint64_t send_refused = 0;  // requests or queue messages refused: no room toward the peer
+  uint64_t auth_denied = 0;   // connections refused by the CURVE allowlist
 
   /// Sums over peers for `channel`.
   ChannelTraffic channel(std::string_view channel) const {

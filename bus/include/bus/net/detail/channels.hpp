@@ -63,8 +63,8 @@ absl::StatusOr<T> decode(kj::ArrayPtr<const capnp::word> words, const Limits& li
       return Codec<T>::decode(root);
     }
   } catch (const kj::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("undecodable ", std::string(bus::detail::type_name<S>()),
-                                                   " payload: ", describe(e)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "undecodable ", std::string(bus::detail::type_name<S>()), " payload: ", describe(e)));
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat("codec of ", std::string(bus::detail::type_name<T>()), " failed: ", e.what()));
@@ -143,8 +143,14 @@ struct BusAccess {
 /// One channel crossing the bridge in one direction.
 class Bridged {
  public:
-  enum class Role { kExportTopic, kImportTopic, kExportEndpoint, kImportEndpoint, kExportQueue,
-                    kImportQueue };
+  enum class Role {
+    kExportTopic,
+    kImportTopic,
+    kExportEndpoint,
+    kImportEndpoint,
+    kExportQueue,
+    kImportQueue
+  };
   Bridged(Role r, const bus::detail::ChannelBase& ch, uint64_t type, uint64_t reply_type)
       : role(r), name(ch.name()), type_id(type), reply_type_id(reply_type) {}
   virtual ~Bridged() = default;
@@ -171,8 +177,8 @@ class Bridged {
 template <class T>
 class ExportTopic final : public Bridged {
  public:
-  explicit ExportTopic(const Topic<T>& t) : Bridged(Role::kExportTopic, t, schema_id<T>(), 0),
-                                            topic_(t) {}
+  explicit ExportTopic(const Topic<T>& t)
+      : Bridged(Role::kExportTopic, t, schema_id<T>(), 0), topic_(t) {}
   void start(Link& link) override {
     sub_ = link.inbox().subscribe(topic_, [this, &link](const T& m) {
       encode(m, out.bytes);
@@ -190,8 +196,8 @@ class ExportTopic final : public Bridged {
 template <class T>
 class ImportTopic final : public Bridged {
  public:
-  explicit ImportTopic(const Topic<T>& t) : Bridged(Role::kImportTopic, t, schema_id<T>(), 0),
-                                            topic_(t) {}
+  explicit ImportTopic(const Topic<T>& t)
+      : Bridged(Role::kImportTopic, t, schema_id<T>(), 0), topic_(t) {}
   absl::Status deliver(Link& link, kj::ArrayPtr<const capnp::word> payload) override {
     absl::StatusOr<T> m = decode<T>(payload, link.limits());
     if (!m.ok()) return m.status();
@@ -206,8 +212,8 @@ class ImportTopic final : public Bridged {
 template <class T>
 class ExportQueue final : public Bridged {
  public:
-  explicit ExportQueue(const Queue<T>& q) : Bridged(Role::kExportQueue, q, schema_id<T>(), 0),
-                                            queue_(q) {}
+  explicit ExportQueue(const Queue<T>& q)
+      : Bridged(Role::kExportQueue, q, schema_id<T>(), 0), queue_(q) {}
   absl::Status deliver(Link& link, kj::ArrayPtr<const capnp::word> payload) override {
     absl::StatusOr<T> m = decode<T>(payload, link.limits());
     if (!m.ok()) return m.status();
@@ -222,8 +228,8 @@ class ExportQueue final : public Bridged {
 template <class T>
 class ImportQueue final : public Bridged {
  public:
-  explicit ImportQueue(const Queue<T>& q) : Bridged(Role::kImportQueue, q, schema_id<T>(), 0),
-                                            queue_(q) {}
+  explicit ImportQueue(const Queue<T>& q)
+      : Bridged(Role::kImportQueue, q, schema_id<T>(), 0), queue_(q) {}
   void set_reachable(Link& link, bool reachable) override {
     if (!reachable) {
       proxy_.cancel();
