@@ -41,6 +41,9 @@ struct Heartbeat {
   imports @5 :List(Channel);   # topics it subscribes to from other nodes
   leaving @6 :Bool;            # sent once at a clean stop: forget this node now
   publicKey @7 :Text;          # its CURVE public key (Z85), empty without CURVE
+  goodbyes @8 :List(UInt64);   # nodes whose leaving heartbeat it received in the last few
+                               # seconds: it has everything they published before leaving
+                               # (the end-of-stream handshake a leaving node waits for)
 }
 
 struct Channel {

@@ -295,21 +295,51 @@ void Bridge::loop() {
 
 void Bridge::shutdown() {
   run_commands();
+  // What local publishers handed over before the stop still goes out: drain until nothing is
+  // left (one drain takes a bounded batch per ring), then stop the channels (their cancels are
+  // records too) and drain again.
+  auto drain_all = [this] {
+    // Bounded: local publishers that keep going during the stop do not hold it forever.
+    auto until = Clock::now() + 2 * opt_.send_stall_limit();
+    while (Clock::now() < until) {
+      auto give_up = Clock::now() + opt_.send_stall_limit();
+      while (stall_ && Clock::now() < give_up) {
+        zmq::pollitem_t item{xpub_->handle(), 0, ZMQ_POLLOUT, 0};
+        zmq::poll(&item, 1, std::chrono::milliseconds(10));
+        retry_stall();
+      }
+      if (stall_) {
+        counters_.publish_dropped += stall_->count;
+        stall_.reset();
+      }
+      if (inbox_->drain() == 0 && queued_.empty()) break;
+      flush_publishes();
+    }
+  };
+  drain_all();
   for (auto& ch : channels_) ch->stop();
-  // What local publishers handed over before the stop still goes out.
-  inbox_->drain();
-  flush_publishes();
-  auto give_up = Clock::now() + opt_.send_stall_limit();
-  while (stall_ && Clock::now() < give_up) {
-    zmq::pollitem_t item{xpub_->handle(), 0, ZMQ_POLLOUT, 0};
-    zmq::poll(&item, 1, std::chrono::milliseconds(10));
-    if (retry_stall()) flush_publishes();
-  }
-  if (stall_) {
-    counters_.publish_dropped += stall_->count;
-    stall_.reset();
-  }
+  drain_all();
+  flush_peer_backlogs();
   heartbeat(/*leaving=*/true);
+  // End-of-stream handshake: LINGER alone does not guarantee that what was queued is delivered
+  // before the process exits (libzmq #4660), so wait, within a bound, until every peer that
+  // imports one of our topics confirms our goodbye (and so everything published before it).
+  absl::flat_hash_set<uint64_t> waiting;
+  for (auto& [id, p] : peers_) {
+    for (const auto& imp : p.imports) {
+      for (auto& ch : channels_) {
+        if (ch->role == Bridged::Role::kExportTopic && ch->name == imp.name) waiting.insert(id);
+      }
+    }
+  }
+  auto handshake_until = Clock::now() + milliseconds(kLingerMs);
+  Parts parts;
+  while (!waiting.empty() && Clock::now() < handshake_until) {
+    zmq::pollitem_t item{sub_->handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(10));
+    while (recv(*sub_, parts)) on_sub(parts);
+    for (uint64_t id : goodbye_acks_) waiting.erase(id);
+  }
   for (auto& [corr, p] : pending_) {
     p.call->finish(absl::CancelledError("bus.net: the node stopped"), {});
   }
@@ -536,6 +566,8 @@ void Bridge::on_xpub(const zmq::message_t& m) {
   std::string topic(d + 1, m.size() - 1);
   if (d[0] == 1) {
     ++subscribers_[topic];
+    // A node just subscribed to heartbeats: tell it about us now rather than a period later.
+    if (topic == kHeartbeatTopic) next_heartbeat_ = Clock::now();
   } else if (d[0] == 0) {
     auto it = subscribers_.find(topic);
     if (it != subscribers_.end() && --it->second == 0) subscribers_.erase(it);
@@ -579,9 +611,15 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
     auto hb = reader.getRoot<wire::Heartbeat>();
     uint64_t id = hb.getNode();
     if (id != env.sender || id == id_) return;
+    for (uint64_t acked : hb.getGoodbyes()) {
+      if (acked == id_) goodbye_acks_.insert(id);
+    }
     if (hb.getLeaving()) {
       forget_peer(id, absl::AbortedError(absl::StrCat("bus.net: peer gone: node '",
                                                       hb.getName().cStr(), "' stopped")));
+      // Confirm at once: SUB delivers in order, so everything it sent before arrived.
+      goodbyes_.emplace_back(id, Clock::now());
+      next_heartbeat_ = Clock::now();
       return;
     }
     auto [it, fresh] = peers_.try_emplace(id);
@@ -761,6 +799,10 @@ void Bridge::heartbeat(bool leaving) {
   hb.setIntervalMs(static_cast<uint32_t>(opt_.heartbeat().count()));
   hb.setLeaving(leaving);
   hb.setPublicKey(opt_.curve_keys().public_key);
+  auto now = Clock::now();
+  std::erase_if(goodbyes_, [&](const auto& g) { return now - g.second > std::chrono::seconds(5); });
+  auto acks = hb.initGoodbyes(static_cast<unsigned>(goodbyes_.size()));
+  for (unsigned i = 0; i < goodbyes_.size(); ++i) acks.set(i, goodbyes_[i].first);
   std::vector<Bridged*> serves, imports;
   for (auto& ch : channels_) {
     if (ch->role == Bridged::Role::kExportEndpoint || ch->role == Bridged::Role::kExportQueue) {

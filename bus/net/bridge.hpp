@@ -177,6 +177,8 @@ class Bridge final : public Link {
   absl::flat_hash_map<std::pair<std::string, uint64_t>, ChannelTraffic> traffic_;
   absl::flat_hash_set<std::string> logged_;
   NodeStats counters_;
+  std::vector<std::pair<uint64_t, Clock::time_point>> goodbyes_;  // leaving nodes we confirm
+  absl::flat_hash_set<uint64_t> goodbye_acks_;  // peers that confirmed our own goodbye
   Clock::time_point next_heartbeat_{};
   Clock::time_point next_check_{};
 };

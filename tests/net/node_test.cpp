@@ -255,3 +255,34 @@ TEST(Node, CurveAllowsListedKeysOnly) {
   EXPECT_EQ(got_x.load(), 0);
   EXPECT_EQ(a.subscribers(readings.name()), 1u);
 }
+
+TEST(Node, StoppingAPublisherDeliversEverythingItAccepted) {
+  bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)};
+  auto a = std::make_unique<Node>(ba, local("a"));
+  Node b{bb, local("b").peer(a->publish_endpoint())};
+  a->peer(b.publish_endpoint());
+  a->export_topic(readings);
+  b.import_topic(readings);
+  std::atomic<uint64_t> got{0};
+  auto sub = bb.subscribe(readings, [&](const Reading&) { got.fetch_add(1); });
+  ASSERT_TRUE(a->wait_for_subscribers(readings.name(), 1, 10s));
+  ASSERT_TRUE(bus_test::eventually([&] { return a->peers().size() == 1; }, 10s));
+  constexpr uint64_t kN = 50000;
+  for (uint64_t i = 1; i <= kN; ++i) ASSERT_TRUE(ba.publish(readings, reading(i, 1)).ok());
+  a.reset();  // the goodbye handshake holds the stop until b has confirmed everything before it
+  ASSERT_TRUE(bus_test::eventually([&] { return got.load() == kN; }, 30s));
+  EXPECT_EQ(b.stats().channel(readings.name()).gaps, 0u);
+}
+
+TEST(Node, ALeavingNodeIsForgottenWithoutWaitingForItsHeartbeats) {
+  // Heartbeats so rare that only the goodbye can explain the peer disappearing in time.
+  auto slow = [](const char* name) { return local(name).heartbeat(10s, 100); };
+  bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)};
+  auto a = std::make_unique<Node>(ba, slow("a"));
+  Node b{bb, slow("b").peer(a->publish_endpoint())};
+  ASSERT_TRUE(bus_test::eventually([&] { return b.peers().size() == 1; }, 30s));
+  EXPECT_EQ(b.peers()[0].name, "a");
+  a.reset();
+  ASSERT_TRUE(bus_test::eventually([&] { return b.peers().empty(); }, 30s));
+  EXPECT_EQ(b.stats().peers_lost, 0u);  // it left; it was not declared dead
+}
