@@ -105,7 +105,7 @@ void Bridge::add(std::unique_ptr<Bridged> channel) {
       case Bridged::Role::kExportTopic: break;
       case Bridged::Role::kImportTopic:
         import_topics_[ch->name] = ch;
-        sub_->set(zmq::sockopt::subscribe, ch->name);
+        update_subscriptions();
         break;
       case Bridged::Role::kExportEndpoint: export_endpoints_[ch->name] = ch; break;
       case Bridged::Role::kExportQueue: export_queues_[ch->name] = ch; break;
@@ -286,6 +286,7 @@ void Bridge::loop() {
       next_heartbeat_ = now + opt_.heartbeat();
     }
     if (now >= next_check_) {
+      update_subscriptions();
       check_peers();
       sweep_pending();
       next_check_ = now + opt_.heartbeat() / 2;
@@ -807,7 +808,7 @@ void Bridge::heartbeat(bool leaving) {
   for (auto& ch : channels_) {
     if (ch->role == Bridged::Role::kExportEndpoint || ch->role == Bridged::Role::kExportQueue) {
       serves.push_back(ch.get());
-    } else if (ch->role == Bridged::Role::kImportTopic) {
+    } else if (ch->role == Bridged::Role::kImportTopic && subscribed_.contains(ch->name)) {
       imports.push_back(ch.get());
     }
   }
@@ -919,6 +920,23 @@ void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& s
 }
 
 // ---- peers ---------------------------------------------------------------------------------
+
+void Bridge::update_subscriptions() {
+  // Only topics with local subscribers are subscribed to, so other nodes' publishers (and
+  // ZeroMQ's filtering) do not send us what nobody here reads.
+  for (auto& [name, ch] : import_topics_) {
+    bool want = ch->wanted(*this);
+    if (want == subscribed_.contains(name)) continue;
+    if (want) {
+      sub_->set(zmq::sockopt::subscribe, name);
+      subscribed_.insert(name);
+    } else {
+      sub_->set(zmq::sockopt::unsubscribe, name);
+      subscribed_.erase(name);
+    }
+    next_heartbeat_ = Clock::now();  // our imports changed: tell the peers
+  }
+}
 
 void Bridge::check_peers() {
   auto now = Clock::now();

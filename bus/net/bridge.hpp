@@ -135,6 +135,7 @@ class Bridge final : public Link {
   void check_peers();
   void forget_peer(uint64_t id, const absl::Status& why);
   void update_reachability();
+  void update_subscriptions();
   PeerState* pick_peer(const Bridged& ch, bool endpoint);
   void sweep_pending();
 
@@ -172,8 +173,9 @@ class Bridge final : public Link {
   uint64_t last_correlation_ = 0;
   std::vector<std::pair<Bridged*, Outbox*>> queued_;
   std::optional<Stall> stall_;
-  std::size_t backlogged_ = 0;  // messages in peers' backlogs
-  absl::flat_hash_map<std::string, std::size_t> subscribers_;
+  std::size_t backlogged_ = 0;                                 // messages in peers' backlogs
+  absl::flat_hash_map<std::string, std::size_t> subscribers_;  // remote ones, through XPUB
+  absl::flat_hash_set<std::string> subscribed_;  // imported topics our SUB subscribes to
   absl::flat_hash_map<std::pair<std::string, uint64_t>, ChannelTraffic> traffic_;
   absl::flat_hash_set<std::string> logged_;
   NodeStats counters_;

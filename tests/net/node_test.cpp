@@ -286,3 +286,19 @@ TEST(Node, ALeavingNodeIsForgottenWithoutWaitingForItsHeartbeats) {
   ASSERT_TRUE(bus_test::eventually([&] { return b.peers().empty(); }, 30s));
   EXPECT_EQ(b.stats().peers_lost, 0u);  // it left; it was not declared dead
 }
+
+TEST(Node, SubscribesToAnImportedTopicOnlyWhileItHasLocalSubscribers) {
+  Pair p;
+  p.a.export_topic(readings);
+  p.b.import_topic(readings);
+  // b's heartbeat lists what it subscribes to: nothing yet.
+  ASSERT_TRUE(bus_test::eventually([&] { return p.a.peers().size() == 1; }, 10s));
+  EXPECT_TRUE(p.a.peers()[0].imports.empty());
+  EXPECT_EQ(p.a.subscribers(readings.name()), 0u);
+  {
+    auto sub = p.bus_b.subscribe(readings, [](const Reading&) {});
+    ASSERT_TRUE(p.a.wait_for_subscribers(readings.name(), 1, 10s));
+    ASSERT_TRUE(bus_test::eventually([&] { return p.a.peers()[0].imports.size() == 1; }, 10s));
+  }
+  ASSERT_TRUE(bus_test::eventually([&] { return p.a.subscribers(readings.name()) == 0; }, 10s));
+}

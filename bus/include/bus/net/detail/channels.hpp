@@ -131,6 +131,16 @@ struct BusAccess {
                                                               const Endpoint<Req, Rep>& ep) {
     return bus.endpoint_state(ep);
   }
+  /// True when `topic` has a subscriber on another inbox than `except` (the bridge's own).
+  template <class T>
+  static bool has_subscribers(Bus& bus, const Topic<T>& topic, bus::detail::Inbox& except) {
+    const auto* list = bus.topic_state(topic).targets.load();
+    if (list == nullptr) return false;
+    for (const auto* t : list->targets) {
+      if (t->inbox != &except && t->live.load(std::memory_order_relaxed) > 0) return true;
+    }
+    return false;
+  }
   template <class T>
   static Subscription add_remote_consumer(Bus& bus, const Queue<T>& q, bus::detail::Inbox& in,
                                           absl::AnyInvocable<void(T&&)> fn) {
@@ -166,6 +176,8 @@ class Bridged {
   virtual void serve(Link&, RemoteCall, kj::ArrayPtr<const capnp::word>, Clock::duration) {}
   /// Import endpoint or queue: whether some live node serves it.
   virtual void set_reachable(Link&, bool) {}
+  /// Import topic: whether it has local subscribers (the node subscribes only then).
+  virtual bool wanted(Link&) { return false; }
 
   const Role role;
   const std::string name;
@@ -203,6 +215,9 @@ class ImportTopic final : public Bridged {
     if (!m.ok()) return m.status();
     (void)link.bus().publish(topic_, std::move(*m));  // local refusals are in the bus's stats
     return absl::OkStatus();
+  }
+  bool wanted(Link& link) override {
+    return BusAccess::has_subscribers(link.bus(), topic_, BusAccess::inbox(link.inbox()));
   }
 
  private:
