@@ -302,3 +302,101 @@ TEST(Node, SubscribesToAnImportedTopicOnlyWhileItHasLocalSubscribers) {
   }
   ASSERT_TRUE(bus_test::eventually([&] { return p.a.subscribers(readings.name()) == 0; }, 10s));
 }
+
+// A plain C++ type crosses processes through a codec onto a Cap'n Proto struct.
+struct PlainReading {
+  std::string sensor;
+  double value = 0;
+};
+template <>
+struct bus::Codec<PlainReading> {
+  using Schema = demo::Reading;
+  static void encode(const PlainReading& r, demo::Reading::Builder b) {
+    b.setSensor(r.sensor);
+    b.setValue(r.value);
+  }
+  static PlainReading decode(demo::Reading::Reader r) {
+    return {r.getSensor().cStr(), r.getValue()};
+  }
+};
+static_assert(bus::Bridgeable<PlainReading>);
+static_assert(bus::Bridgeable<Reading>);
+static_assert(!bus::Bridgeable<std::string>);
+static_assert(bus::schema_id<PlainReading>() == bus::schema_id<Reading>());
+
+inline const bus::Topic<PlainReading> plain_readings{"test.net.plain"};
+
+TEST(Node, APlainTypeWithACodecCrossesNodes) {
+  Pair p;
+  p.a.export_topic(plain_readings);
+  p.b.import_topic(plain_readings);
+  std::mutex mu;
+  std::vector<PlainReading> got;
+  auto sub = p.bus_b.subscribe(plain_readings, [&](const PlainReading& r) {
+    std::lock_guard lock(mu);
+    got.push_back(r);
+  });
+  ASSERT_TRUE(p.a.wait_for_subscribers(plain_readings.name(), 1, 10s));
+  std::string big(5000, 'x');  // larger than the builder's reused first segment
+  ASSERT_TRUE(p.bus_a.publish(plain_readings, PlainReading{"porch", 1.5}).ok());
+  ASSERT_TRUE(p.bus_a.publish(plain_readings, PlainReading{big, 2.5}).ok());
+  ASSERT_TRUE(bus_test::eventually(
+      [&] {
+        std::lock_guard lock(mu);
+        return got.size() == 2;
+      },
+      10s));
+  EXPECT_EQ(got[0].sensor, "porch");
+  EXPECT_EQ(got[0].value, 1.5);
+  EXPECT_EQ(got[1].sensor, big);
+  EXPECT_EQ(got[1].value, 2.5);
+}
+
+TEST(Message, CopiesShareOneBufferAndReadTheSame) {
+  Reading a = reading(7, 3.25);
+  Reading b = a;
+  EXPECT_EQ(a.bytes().begin(), b.bytes().begin());
+  EXPECT_EQ(b->getSeq(), 7u);
+  EXPECT_EQ(std::string(b->getSensor().cStr()), "s1");
+  // The bytes are a standard Cap'n Proto stream message.
+  capnp::FlatArrayMessageReader r(a.words());
+  EXPECT_EQ(r.getRoot<demo::Reading>().getValue(), 3.25);
+}
+
+TEST(NodeOptions, ParsesASmallConfig) {
+  auto o = NodeOptions::parse(R"(
+    # the aggregator
+    name = aggregator
+    publish = tcp://*:7411
+    requests = tcp://*:7412
+    advertise = tcp://10.0.0.5:7412
+    peer = tcp://10.0.0.4:7401
+    peer = tcp://10.0.0.6:7401   # another
+    heartbeat_ms = 100
+    dead_after = 5
+    max_message_bytes = 4096
+  )");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->name(), "aggregator");
+  EXPECT_EQ(o->publish_on(), "tcp://*:7411");
+  EXPECT_EQ(o->advertise(), "tcp://10.0.0.5:7412");
+  ASSERT_EQ(o->peers().size(), 2u);
+  EXPECT_EQ(o->peers()[1].endpoint, "tcp://10.0.0.6:7401");
+  EXPECT_EQ(o->heartbeat(), 100ms);
+  EXPECT_EQ(o->dead_after(), 5u);
+  EXPECT_EQ(o->max_message_bytes(), 4096u);
+  EXPECT_FALSE(o->secure());
+}
+
+TEST(NodeOptions, ConfigErrorsNameTheLine) {
+  auto bad = NodeOptions::parse("publish = tcp://*:1\nheartbeat_ms = soon\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("line 2"), std::string::npos) << bad.status();
+  auto unknown = NodeOptions::parse("publish = tcp://*:1\ncolour = blue\n");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("unknown key 'colour'"), std::string::npos);
+  EXPECT_FALSE(NodeOptions::parse("name = x\n").ok());  // no publish endpoint
+  EXPECT_EQ(NodeOptions::load("/nonexistent/node.conf").status().code(),
+            absl::StatusCode::kNotFound);
+}

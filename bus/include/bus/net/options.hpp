@@ -1,10 +1,13 @@
 // How a bridge node binds, whom it listens to, and the limits it enforces on what it reads.
 #pragma once
 
+#include <absl/status/statusor.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace bus::net {
@@ -87,6 +90,19 @@ class NodeOptions {
     stall_limit_ = d;
     return *this;
   }
+
+  /// Reads options from a small config text, one `key = value` per line (`#` comments):
+  ///   name = aggregator
+  ///   publish = tcp://*:7411          requests = tcp://*:7412     advertise = tcp://10.0.0.5:7412
+  ///   peer = tcp://10.0.0.4:7401 [public-key]   (one line per peer)
+  ///   heartbeat_ms = 200              dead_after = 3
+  ///   max_message_bytes = 1048576     traversal_limit_words = 8388608   nesting_limit = 64
+  ///   curve_public = ...              curve_secret = ...          allow = <key> (one per line)
+  ///   send_stall_limit_ms = 2000
+  /// InvalidArgument names the line and what is wrong with it.
+  static absl::StatusOr<NodeOptions> parse(std::string_view config);
+  /// parse() of a file's contents; NotFound when it cannot be read.
+  static absl::StatusOr<NodeOptions> load(const std::string& path);
 
   const std::string& name() const { return name_; }
   const std::string& publish_on() const { return publish_on_; }

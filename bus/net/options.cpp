@@ -1,0 +1,103 @@
+#include "bus/net/options.hpp"
+
+#include <absl/strings/ascii.h>
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_split.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace bus::net {
+
+absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
+  NodeOptions o;
+  CurveKeys keys;
+  std::vector<std::string> allow;
+  int line_no = 0;
+  for (absl::string_view line :
+       absl::StrSplit(absl::string_view(config.data(), config.size()), '\n')) {
+    ++line_no;
+    if (auto hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty()) continue;
+    auto eq = line.find('=');
+    auto fail = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat("node config line ", line_no, ": ", why));
+    };
+    if (eq == absl::string_view::npos) return fail("expected `key = value`");
+    std::string key(absl::StripAsciiWhitespace(line.substr(0, eq)));
+    std::string value(absl::StripAsciiWhitespace(line.substr(eq + 1)));
+    auto number = [&](uint64_t& out) {
+      return absl::SimpleAtoi(value, &out)
+                 ? absl::OkStatus()
+                 : fail(absl::StrCat(key, " needs a number, not '", value, "'"));
+    };
+    uint64_t n = 0;
+    if (key == "name") {
+      o.name(value);
+    } else if (key == "publish") {
+      o.publish_on(value);
+    } else if (key == "requests") {
+      o.requests_on(value);
+    } else if (key == "advertise") {
+      o.advertise(value);
+    } else if (key == "peer") {
+      std::vector<std::string> parts = absl::StrSplit(value, ' ', absl::SkipWhitespace());
+      if (parts.empty() || parts.size() > 2) return fail("peer = <endpoint> [public key]");
+      o.peer(parts[0], parts.size() == 2 ? parts[1] : "");
+    } else if (key == "heartbeat_ms") {
+      if (auto s = number(n); !s.ok()) return s;
+      o.heartbeat_ = std::chrono::milliseconds(n);
+    } else if (key == "dead_after") {
+      if (auto s = number(n); !s.ok()) return s;
+      o.dead_after_ = static_cast<unsigned>(n);
+    } else if (key == "max_message_bytes") {
+      if (auto s = number(n); !s.ok()) return s;
+      o.max_message_bytes(n);
+    } else if (key == "traversal_limit_words") {
+      if (auto s = number(n); !s.ok()) return s;
+      o.traversal_limit_words_ = n;
+    } else if (key == "nesting_limit") {
+      if (auto s = number(n); !s.ok()) return s;
+      o.nesting_limit_ = static_cast<int>(n);
+    } else if (key == "curve_public") {
+      keys.public_key = value;
+    } else if (key == "curve_secret") {
+      keys.secret_key = value;
+    } else if (key == "allow") {
+      allow.push_back(value);
+    } else if (key == "send_stall_limit_ms") {
+      if (auto s = number(n); !s.ok()) return s;
+      o.send_stall_limit(std::chrono::milliseconds(n));
+    } else {
+      return fail(absl::StrCat(
+          "unknown key '", key,
+          "' (known: name, publish, requests, advertise, peer, heartbeat_ms, dead_after, "
+          "max_message_bytes, traversal_limit_words, nesting_limit, curve_public, curve_secret, "
+          "allow, send_stall_limit_ms)"));
+    }
+  }
+  if (keys.secret_key.empty() != keys.public_key.empty()) {
+    return absl::InvalidArgumentError(
+        "node config: curve_public and curve_secret go together (give both or neither)");
+  }
+  if (!keys.secret_key.empty()) o.curve(std::move(keys), std::move(allow));
+  if (o.publish_on().empty()) {
+    return absl::InvalidArgumentError("node config: `publish = <endpoint>` is required");
+  }
+  return o;
+}
+
+absl::StatusOr<NodeOptions> NodeOptions::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read node config '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  auto o = parse(text.str());
+  if (!o.ok())
+    return absl::Status(o.status().code(), absl::StrCat(path, ": ", o.status().message()));
+  return o;
+}
+
+}  // namespace bus::net
