@@ -253,6 +253,7 @@ TEST(Node, CurveAllowsListedKeysOnly) {
   ASSERT_TRUE(bus_test::eventually([&] { return got_b.load() == 50; }, 10s));
   ASSERT_TRUE(bus_test::eventually([&] { return a.stats().auth_denied > 0; }, 10s));
   EXPECT_EQ(got_x.load(), 0);
+  EXPECT_EQ(got_y.load(), 0);
   EXPECT_EQ(a.subscribers(readings.name()), 1u);
 }
 
