@@ -242,10 +242,15 @@ TEST(Node, CurveAllowsListedKeysOnly) {
   Node b{bb, local("b").curve(kb, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
   Node x{bx,
          local("intruder").curve(kx, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
+  // And a node without keys at all.
+  bus::Bus by{bus::Options().executors(1)};
+  Node y{by, local("plain").peer(a.publish_endpoint())};
   a.export_topic(readings);
   b.import_topic(readings);
   x.import_topic(readings);
-  std::atomic<int> got_b{0}, got_x{0};
+  y.import_topic(readings);
+  std::atomic<int> got_b{0}, got_x{0}, got_y{0};
+  auto sy = by.subscribe(readings, [&](const Reading&) { got_y.fetch_add(1); });
   auto sb = bb.subscribe(readings, [&](const Reading&) { got_b.fetch_add(1); });
   auto sx = bx.subscribe(readings, [&](const Reading&) { got_x.fetch_add(1); });
   ASSERT_TRUE(a.wait_for_subscribers(readings.name(), 1, 10s));
