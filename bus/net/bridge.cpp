@@ -318,7 +318,7 @@ void Bridge::shutdown() {
     }
   };
   drain_all();
-  for (auto& ch : channels_) ch->stop();
+  for (auto& ch : channels_) ch->stop(*this);
   drain_all();
   flush_peer_backlogs();
   heartbeat(/*leaving=*/true);

@@ -5,6 +5,7 @@
 #include <absl/hash/hash.h>
 #include <absl/status/statusor.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <memory>
@@ -47,6 +48,13 @@ class Targets {
     next.push_back(raw);
     replace(std::move(next));
     return raw;
+  }
+  /// Under Core::mu: routes to `t` (one of `owned`) again.
+  void reinstate(Tgt* t) {
+    auto next = copy();
+    if (std::find(next.begin(), next.end(), t) != next.end()) return;
+    next.push_back(t);
+    replace(std::move(next));
   }
   /// Under Core::mu: stops routing to `t` (it stays alive: records may still name it).
   void remove(Tgt* t) {
@@ -296,7 +304,7 @@ struct EndpointTarget : Target {
   Inbox* const inbox;
   EndpointState<Req, Rep>* const state;
   const bool remote;
-  Handler fn;       // owner thread; both empty once the server is removed
+  Handler fn;  // owner thread; both empty once the server is removed
   Forward forward;
   void retire() {
     fn = nullptr;

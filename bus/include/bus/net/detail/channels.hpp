@@ -118,13 +118,40 @@ class Link {
 struct BusAccess {
   static bus::detail::Inbox& inbox(ExternalInbox& x) { return *x.inbox_; }
   static void mark_bridge_thread(Bus& bus) { bus.core_->producer().bridge = true; }
+  /// A remote proxy for `ep` on the bridge's inbox, owned by the bus and routed to at once.
+  /// It lives as long as the bus; the bridge takes it in and out of the routing with route().
   template <class Req, class Rep>
-  static Subscription add_remote_server(
+  static bus::detail::EndpointTarget<Req, Rep>* add_remote_server(
       Bus& bus, const Endpoint<Req, Rep>& ep, bus::detail::Inbox& in,
       typename bus::detail::EndpointTarget<Req, Rep>::Forward fwd) {
     auto& st = bus.endpoint_state(ep);
-    return bus.add_consumer(st.targets, std::make_unique<bus::detail::EndpointTarget<Req, Rep>>(
-                                            ep.id(), in, st, std::move(fwd)));
+    std::lock_guard lock(bus.core_->mu);
+    return st.targets.add(
+        std::make_unique<bus::detail::EndpointTarget<Req, Rep>>(ep.id(), in, st, std::move(fwd)));
+  }
+  template <class T>
+  static bus::detail::QueueState<T>& queue_state(Bus& bus, const Queue<T>& q) {
+    return bus.queue_state(q);
+  }
+  template <class T>
+  static bus::detail::QueueTarget<T>* add_remote_consumer(Bus& bus, const Queue<T>& q,
+                                                          bus::detail::Inbox& in,
+                                                          absl::AnyInvocable<void(T&&)> fn) {
+    auto& st = bus.queue_state(q);
+    std::lock_guard lock(bus.core_->mu);
+    return st.targets.add(std::make_unique<bus::detail::QueueTarget<T>>(
+        q.id(), in, st, std::move(fn), /*is_remote=*/true));
+  }
+  /// Takes a proxy in or out of its channel's routing. Records already on their way to it still
+  /// reach it (the bridge answers them: "no live node" once none is left).
+  template <class Tgt>
+  static void route(Bus& bus, bus::detail::Targets<Tgt>& targets, Tgt* t, bool on) {
+    std::lock_guard lock(bus.core_->mu);
+    if (on) {
+      targets.reinstate(t);
+    } else {
+      targets.remove(t);
+    }
   }
   template <class Req, class Rep>
   static bus::detail::EndpointState<Req, Rep>& endpoint_state(Bus& bus,
@@ -140,13 +167,6 @@ struct BusAccess {
       if (t->inbox != &except && t->live.load(std::memory_order_relaxed) > 0) return true;
     }
     return false;
-  }
-  template <class T>
-  static Subscription add_remote_consumer(Bus& bus, const Queue<T>& q, bus::detail::Inbox& in,
-                                          absl::AnyInvocable<void(T&&)> fn) {
-    auto& st = bus.queue_state(q);
-    return bus.add_consumer(st.targets, std::make_unique<bus::detail::QueueTarget<T>>(
-                                            q.id(), in, st, std::move(fn), /*is_remote=*/true));
   }
 };
 
@@ -167,7 +187,7 @@ class Bridged {
 
   /// On the bridge thread, once registered / when the node stops.
   virtual void start(Link&) {}
-  virtual void stop() {}
+  virtual void stop(Link&) {}
   /// Import topic, export queue: one payload from another node, for local delivery.
   virtual absl::Status deliver(Link&, kj::ArrayPtr<const capnp::word>) {
     return absl::InternalError("not a receiving channel");
@@ -198,7 +218,7 @@ class ExportTopic final : public Bridged {
       link.queue_publish(*this, out);
     });
   }
-  void stop() override { sub_.cancel(); }
+  void stop(Link&) override { sub_.cancel(); }
 
  private:
   const Topic<T>& topic_;
@@ -246,22 +266,26 @@ class ImportQueue final : public Bridged {
   explicit ImportQueue(const Queue<T>& q)
       : Bridged(Role::kImportQueue, q, schema_id<T>(), 0), queue_(q) {}
   void set_reachable(Link& link, bool reachable) override {
-    if (!reachable) {
-      proxy_.cancel();
-    } else if (!proxy_) {
+    if (reachable == routed_) return;
+    routed_ = reachable;
+    if (proxy_ == nullptr) {
       proxy_ = BusAccess::add_remote_consumer<T>(
           link.bus(), queue_, BusAccess::inbox(link.inbox()), [this, &link](T&& m) {
             std::string payload;
             encode(m, payload);
             (void)link.send(*this, std::move(payload));  // refusals are counted by the bridge
           });
+      return;
     }
+    BusAccess::route(link.bus(), BusAccess::queue_state(link.bus(), queue_).targets, proxy_,
+                     reachable);
   }
-  void stop() override { proxy_.cancel(); }
+  void stop(Link& link) override { set_reachable(link, false); }
 
  private:
   const Queue<T>& queue_;
-  Subscription proxy_;
+  bus::detail::QueueTarget<T>* proxy_ = nullptr;  // owned by the bus
+  bool routed_ = false;
 };
 
 template <class Req, class Rep>
@@ -310,26 +334,29 @@ class ImportEndpoint final : public Bridged {
   explicit ImportEndpoint(const Endpoint<Req, Rep>& e)
       : Bridged(Role::kImportEndpoint, e, schema_id<Req>(), schema_id<Rep>()), endpoint_(e) {}
   void set_reachable(Link& link, bool reachable) override {
-    if (!reachable) {
-      proxy_.cancel();
-    } else if (!proxy_) {
+    if (reachable == routed_) return;
+    routed_ = reachable;
+    State& state = BusAccess::endpoint_state(link.bus(), endpoint_);
+    if (proxy_ == nullptr) {
       proxy_ = BusAccess::add_remote_server<Req, Rep>(
-          link.bus(), endpoint_, BusAccess::inbox(link.inbox()), [this, &link](Envelope&& env) {
+          link.bus(), endpoint_, BusAccess::inbox(link.inbox()),
+          [this, &link, &state](Envelope&& env) {
             std::string payload;
             encode(env.request, payload);
             Clock::time_point deadline = env.deadline;
             link.call(*this, std::move(payload), deadline,
-                      std::make_unique<Call>(link, *state_, std::move(env)));
+                      std::make_unique<Call>(link, state, std::move(env)));
           });
+      return;
     }
+    BusAccess::route(link.bus(), state.targets, proxy_, reachable);
   }
-  void start(Link& link) override { state_ = &BusAccess::endpoint_state(link.bus(), endpoint_); }
-  void stop() override { proxy_.cancel(); }
+  void stop(Link& link) override { set_reachable(link, false); }
 
  private:
   const Endpoint<Req, Rep>& endpoint_;
-  State* state_ = nullptr;
-  Subscription proxy_;
+  bus::detail::EndpointTarget<Req, Rep>* proxy_ = nullptr;  // owned by the bus
+  bool routed_ = false;
 };
 
 }  // namespace bus::net::detail
