@@ -25,6 +25,7 @@ constexpr int kLingerMs = 1000;
 // Messages kept per peer while its pipe is full, and the total at which local input pauses.
 constexpr std::size_t kMaxPeerBacklog = 1 << 16;
 constexpr std::size_t kPauseBacklog = 1024;
+constexpr int kPipeHwm = 10000;
 
 uint64_t random_id() {
   std::random_device rd;
@@ -175,6 +176,9 @@ void Bridge::setup() {
   router_.emplace(ctx_, zmq::socket_type::router);
   // Without MANDATORY a reply to a requester that went away is dropped silently.
   router_->set(zmq::sockopt::router_mandatory, 1);
+  // Room for a pipelining requester's whole window (1,000 requests in flight and more).
+  router_->set(zmq::sockopt::sndhwm, kPipeHwm);
+  router_->set(zmq::sockopt::rcvhwm, kPipeHwm);
   router_->set(zmq::sockopt::linger, kLingerMs);
   router_->set(zmq::sockopt::maxmsgsize,
                static_cast<int64_t>(opt_.max_message_bytes()) * 4 + (1 << 20));
@@ -243,7 +247,9 @@ void Bridge::loop() {
     auto now = Clock::now();
     Clock::time_point until = std::min(next_heartbeat_, next_check_);
     if (auto t = inbox_->next_timer()) until = std::min(until, *t);
-    if (stall_ || backlogged_ > 0) until = std::min(until, now + milliseconds(10));
+    if (stall_ || backlogged_ > 0 || !reply_backlog_.empty()) {
+      until = std::min(until, now + milliseconds(1));
+    }
     long timeout =
         until <= now ? 0 : std::max<long>(1, duration_cast<milliseconds>(until - now).count());
     zmq::poll(items, std::chrono::milliseconds(timeout));
@@ -256,7 +262,12 @@ void Bridge::loop() {
       // Everything arriving in one pass is published to local subscribers at once.
       Batch batch(bus_);
       for (int i = 0; i < kReadBudget && recv(*sub_, parts); ++i) on_sub(parts);
-      for (int i = 0; i < kReadBudget && recv(*router_, parts); ++i) on_router(parts);
+      // Requests wait in the ROUTER while replies wait for room (back-pressure on requesters).
+      for (int i = 0;
+           i < kReadBudget && reply_backlog_.size() < kPauseBacklog && recv(*router_, parts, 5);
+           ++i) {
+        on_router(parts);
+      }
       for (uint64_t id : dealers) {
         // Reading may add or forget peers: look the peer up again each time.
         for (int i = 0; i < kReadBudget; ++i) {
@@ -273,6 +284,7 @@ void Bridge::loop() {
     }
     if (zap_) on_zap();
     if (backlogged_ > 0) flush_peer_backlogs();
+    if (!reply_backlog_.empty()) flush_reply_backlog();
     if ((stall_ && !retry_stall()) || backlogged_ >= kPauseBacklog) {
       // A subscriber or a peer is not keeping up: hold local input back (local publishers feel
       // the back-pressure through the bounded rings).
@@ -321,6 +333,7 @@ void Bridge::shutdown() {
   for (auto& ch : channels_) ch->stop(*this);
   drain_all();
   flush_peer_backlogs();
+  flush_reply_backlog();
   heartbeat(/*leaving=*/true);
   // End-of-stream handshake: LINGER alone does not guarantee that what was queued is delivered
   // before the process exits (libzmq #4660), so wait, within a bound, until every peer that
@@ -430,6 +443,12 @@ void Bridge::on_sub(Parts& parts) {
 
 void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads) {
   ChannelTraffic& t = traffic(ch.name, env.sender);
+  // Per-sender sequence numbers: what was skipped was lost on the way (at-most-once), and is
+  // counted rather than silent. A rejected frame
+  // advances them too: it arrived.
+  uint64_t& expected = next_seq_[env.sender][ch.name];
+  if (expected != 0 && env.seq > expected) t.gaps += env.seq - expected;
+  if (env.seq + env.count > expected) expected = env.seq + env.count;
   if (env.type_id != ch.type_id) {
     t.rejected += env.count;
     auto peer = peers_.find(env.sender);
@@ -440,11 +459,6 @@ void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& pay
                           absl::Hex(ch.type_id), " (the two programs disagree on the type)"));
     return;
   }
-  // Per-sender sequence numbers: what was skipped was lost on the way (at-most-once), and is
-  // counted rather than silent.
-  uint64_t& expected = next_seq_[env.sender][ch.name];
-  if (expected != 0 && env.seq > expected) t.gaps += env.seq - expected;
-  if (env.seq + env.count > expected) expected = env.seq + env.count;
   for (auto payload : payloads.items()) {
     if (absl::Status st = ch.deliver(*this, payload); !st.ok()) {
       ++t.rejected;
@@ -503,7 +517,7 @@ void Bridge::on_router(Parts& parts) {
     } else {
       malformed("request", st);
     }
-    if (request) reply(ch, call, absl::InvalidArgumentError(st.message()), {});
+    if (request) reply(ch, call, st, {});  // ResourceExhausted (oversized) or InvalidArgument
     return;
   }
   if (!request) return deliver(ch, *env, payloads);
@@ -518,7 +532,10 @@ void Bridge::on_router(Parts& parts) {
     return;
   }
   ++t.received;
-  ch.serve(*this, std::move(call), payloads.items()[0], microseconds(env->timeout_us));
+  // Bounded: a peer may send any 64-bit value (UINT64_MAX for "no deadline", say).
+  constexpr uint64_t kMaxTimeoutUs = uint64_t{24} * 3600 * 1'000'000;
+  ch.serve(*this, std::move(call), payloads.items()[0],
+           microseconds(std::min(env->timeout_us, kMaxTimeoutUs)));
 }
 
 void Bridge::on_dealer(Parts& parts) {
@@ -628,14 +645,13 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
     p.last_seen = Clock::now();
     auto channels = [](auto list) {
       std::vector<ChannelDesc> out;
-      for (auto c : list) out.push_back({c.getName().cStr(), c.getTypeId(), c.getReplyTypeId()});
+      for (auto c : list) {
+        out.push_back({c.getName().cStr(), c.getTypeId(), c.getReplyTypeId(), c.getKind()});
+      }
       return out;
     };
     std::vector<ChannelDesc> serves = channels(hb.getServes());
-    bool changed = fresh || serves.size() != p.serves.size();
-    for (std::size_t i = 0; !changed && i < serves.size(); ++i) {
-      changed = serves[i].name != p.serves[i].name || serves[i].type_id != p.serves[i].type_id;
-    }
+    bool changed = fresh || serves != p.serves;
     p.serves = std::move(serves);
     p.imports = channels(hb.getImports());
     p.interval = milliseconds(std::clamp<uint32_t>(hb.getIntervalMs(), 1, 60'000));
@@ -659,6 +675,8 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
       if (!p.request_endpoint.empty()) {
         p.dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
         p.dealer->set(zmq::sockopt::linger, 0);
+        p.dealer->set(zmq::sockopt::sndhwm, kPipeHwm);
+        p.dealer->set(zmq::sockopt::rcvhwm, kPipeHwm);
         p.dealer->set(zmq::sockopt::maxmsgsize,
                       static_cast<int64_t>(opt_.max_message_bytes()) * 4 + (1 << 20));
         if (opt_.secure()) {
@@ -727,6 +745,15 @@ void Bridge::flush_peer_backlogs() {
       --backlogged_;
     }
   }
+}
+
+bool Bridge::oversized(const Bridged& channel, std::size_t bytes) {
+  if (bytes <= limits_.max_message_bytes) return false;
+  ++counters_.oversized;
+  log_once(absl::StrCat("oversized-out:", channel.name),
+           absl::StrCat("did not send a ", bytes, "-byte message on '", channel.name,
+                        "': over max_message_bytes (", limits_.max_message_bytes, ")"));
+  return true;
 }
 
 void Bridge::queue_publish(Bridged& channel, Outbox& out) {
@@ -840,6 +867,13 @@ void Bridge::heartbeat(bool leaving) {
 
 void Bridge::call(Bridged& channel, std::string payload, Clock::time_point deadline,
                   std::unique_ptr<PendingCall> pending) {
+  if (oversized(channel, payload.size())) {
+    pending->finish(
+        absl::ResourceExhaustedError(absl::StrCat("bus.net: request of ", payload.size(),
+                                                  " bytes is over max_message_bytes")),
+        {});
+    return;
+  }
   PeerState* peer = pick_peer(channel, /*endpoint=*/true);
   if (peer == nullptr) {
     pending->finish(
@@ -872,7 +906,9 @@ void Bridge::call(Bridged& channel, std::string payload, Clock::time_point deadl
 absl::Status Bridge::send(Bridged& channel, std::string payload) {
   PeerState* peer = pick_peer(channel, /*endpoint=*/false);
   absl::Status st;
-  if (peer == nullptr) {
+  if (oversized(channel, payload.size())) {
+    st = absl::ResourceExhaustedError("bus.net: queue message over max_message_bytes");
+  } else if (peer == nullptr) {
     st =
         absl::UnavailableError(absl::StrCat("bus.net: no live node consumes '", channel.name, "'"));
   } else {
@@ -881,8 +917,11 @@ absl::Status Bridge::send(Bridged& channel, std::string payload) {
     env.type_id = channel.type_id;
     env.sender = id_;
     env.count = 1;
-    env.seq = ++send_seq_[channel.name];
+    // Numbered per destination: each receiver counts gaps in what was sent to it.
+    uint64_t& seq = peer->send_seq[channel.name];
+    env.seq = seq + 1;
     if (send_to_peer(*peer, channel.name, env, payload)) {
+      ++seq;
       ++traffic(channel.name, peer->id).sent;
       return absl::OkStatus();
     }
@@ -898,6 +937,10 @@ absl::Status Bridge::send(Bridged& channel, std::string payload) {
 void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& status,
                    std::string payload) {
   if (!router_) return;
+  if (status.ok() && oversized(channel, payload.size())) {
+    return reply(channel, to, absl::ResourceExhaustedError("bus.net: reply over max_message_bytes"),
+                 {});
+  }
   EnvelopeFields env;
   env.kind = wire::Envelope::Kind::REPLY;
   env.type_id = status.ok() ? channel.reply_type_id : 0;
@@ -906,17 +949,39 @@ void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& s
   env.correlation = to.correlation;
   env.code = static_cast<uint16_t>(status.code());
   if (!status.ok()) env.detail = std::string(status.message());
-  try {
-    zmq::message_t id(to.identity.data(), to.identity.size());
-    if (router_->send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait) &&
-        send_parts(*router_, channel.name, env, payload)) {
-      ++traffic(channel.name, to.peer).sent;
-      return;
-    }
-  } catch (const zmq::error_t&) {
-    // EHOSTUNREACH (ROUTER_MANDATORY): the requester disconnected.
+  std::string e = encode_envelope(env);
+  Parts parts;
+  parts.emplace_back(to.identity.data(), to.identity.size());
+  parts.emplace_back(channel.name.data(), channel.name.size());
+  parts.emplace_back(e.data(), e.size());
+  parts.emplace_back(payload.data(), payload.size());
+  ++traffic(channel.name, to.peer).sent;
+  if (reply_backlog_.size() >= kMaxPeerBacklog) {
+    ++counters_.unroutable_replies;
+    return;
   }
-  ++counters_.unroutable_replies;
+  // In order behind what is waiting already; the ROUTER takes it when the requester's pipe has
+  // room (its high-water mark: the requester is not reading as fast as it asks).
+  reply_backlog_.push_back(std::move(parts));
+  flush_reply_backlog();
+}
+
+void Bridge::flush_reply_backlog() {
+  while (!reply_backlog_.empty()) {
+    Parts& parts = reply_backlog_.front();
+    try {
+      if (!router_->send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        return;  // EAGAIN: that requester's pipe is full; keep the order, retry later
+      }
+      router_->send(parts[1], zmq::send_flags::sndmore);
+      router_->send(parts[2], zmq::send_flags::sndmore);
+      router_->send(parts[3], zmq::send_flags::none);
+    } catch (const zmq::error_t&) {
+      // EHOSTUNREACH (ROUTER_MANDATORY): the requester disconnected.
+      ++counters_.unroutable_replies;
+    }
+    reply_backlog_.pop_front();
+  }
 }
 
 // ---- peers ---------------------------------------------------------------------------------
@@ -994,8 +1059,9 @@ PeerState* Bridge::pick_peer(const Bridged& ch, bool endpoint) {
   std::vector<PeerState*> live;
   for (auto& [id, p] : peers_) {
     if (!p.dealer) continue;
+    auto kind = endpoint ? wire::Channel::Kind::ENDPOINT : wire::Channel::Kind::QUEUE;
     for (const auto& s : p.serves) {
-      if (s.name == ch.name && s.type_id == ch.type_id &&
+      if (s.name == ch.name && s.kind == kind && s.type_id == ch.type_id &&
           (!endpoint || s.reply_type_id == ch.reply_type_id)) {
         live.push_back(&p);
         break;

@@ -26,6 +26,8 @@ struct ChannelDesc {
   std::string name;
   uint64_t type_id = 0;
   uint64_t reply_type_id = 0;
+  wire::Channel::Kind kind = wire::Channel::Kind::TOPIC;
+  bool operator==(const ChannelDesc&) const = default;
 };
 
 /// A node this one hears heartbeats from.
@@ -38,8 +40,9 @@ struct PeerState {
   Clock::time_point last_seen;
   std::vector<ChannelDesc> serves;
   std::vector<ChannelDesc> imports;
-  std::unique_ptr<zmq::socket_t> dealer;            // requests and queue messages to it
-  std::deque<std::vector<zmq::message_t>> backlog;  // what its full pipe did not take yet
+  std::unique_ptr<zmq::socket_t> dealer;                // requests and queue messages to it
+  std::deque<std::vector<zmq::message_t>> backlog;      // what its full pipe did not take yet
+  absl::flat_hash_map<std::string, uint64_t> send_seq;  // queues: last seq sent to it per channel
 };
 
 class Bridge final : public Link {
@@ -81,6 +84,7 @@ class Bridge final : public Link {
   ExternalInbox& inbox() override { return *inbox_; }
   const Limits& limits() const override { return limits_; }
   void queue_publish(Bridged& channel, Outbox& out) override;
+  bool oversized(const Bridged& channel, std::size_t bytes) override;
   void call(Bridged& channel, std::string payload, Clock::time_point deadline,
             std::unique_ptr<PendingCall> pending) override;
   absl::Status send(Bridged& channel, std::string payload) override;
@@ -128,6 +132,7 @@ class Bridge final : public Link {
   bool send_to_peer(PeerState& peer, std::string_view channel, const EnvelopeFields& env,
                     std::string_view payload);
   void flush_peer_backlogs();
+  void flush_reply_backlog();
   bool retry_stall();
   void heartbeat(bool leaving);
 
@@ -167,7 +172,7 @@ class Bridge final : public Link {
   std::vector<Bridged*> imported_calls_;  // import endpoints and queues
   absl::flat_hash_map<uint64_t, PeerState> peers_;
   absl::flat_hash_map<uint64_t, absl::flat_hash_map<std::string, uint64_t>> next_seq_;
-  absl::flat_hash_map<std::string, uint64_t> send_seq_;  // import queues: next seq per channel
+  std::deque<std::vector<zmq::message_t>> reply_backlog_;  // replies the ROUTER did not take yet
   absl::flat_hash_map<std::string, uint32_t> round_robin_;
   absl::flat_hash_map<uint64_t, Pending> pending_;
   uint64_t last_correlation_ = 0;

@@ -104,6 +104,9 @@ class Link {
   virtual const Limits& limits() const = 0;
   /// `out` of `channel` has new messages: publish them when this drain ends.
   virtual void queue_publish(Bridged& channel, Outbox& out) = 0;
+  /// A message of `bytes` for `channel` is over max_message_bytes: counts and logs it (no
+  /// receiver would take it) and returns true.
+  virtual bool oversized(const Bridged& channel, std::size_t bytes) = 0;
   /// Sends a request to a live node serving `channel`. Takes `pending` and finishes it (now
   /// with a failure, or later with the reply, a timeout or "peer gone").
   virtual void call(Bridged& channel, std::string payload, Clock::time_point deadline,
@@ -213,7 +216,12 @@ class ExportTopic final : public Bridged {
       : Bridged(Role::kExportTopic, t, schema_id<T>(), 0), topic_(t) {}
   void start(Link& link) override {
     sub_ = link.inbox().subscribe(topic_, [this, &link](const T& m) {
+      std::size_t before = out.bytes.size();
       encode(m, out.bytes);
+      if (link.oversized(*this, out.bytes.size() - before)) {
+        out.bytes.resize(before);
+        return;
+      }
       ++out.count;
       link.queue_publish(*this, out);
     });
