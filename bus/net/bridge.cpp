@@ -26,6 +26,8 @@ constexpr int kLingerMs = 1000;
 constexpr std::size_t kMaxPeerBacklog = 1 << 16;
 constexpr std::size_t kPauseBacklog = 1024;
 constexpr int kPipeHwm = 10000;
+// How long the loop keeps polling without blocking after its last work.
+constexpr auto kSpin = std::chrono::microseconds(50);
 
 uint64_t random_id() {
   std::random_device rd;
@@ -226,6 +228,8 @@ void Bridge::loop() {
   std::vector<zmq::pollitem_t> items;
   std::vector<uint64_t> dealers;
   Parts parts;
+  bool awake = false;
+  Clock::time_point last_work{};
   while (!stopping_.load(std::memory_order_relaxed)) {
     run_commands();
     items.clear();
@@ -250,9 +254,11 @@ void Bridge::loop() {
     if (stall_ || backlogged_ > 0 || !reply_backlog_.empty()) {
       until = std::min(until, now + milliseconds(1));
     }
-    long timeout =
-        until <= now ? 0 : std::max<long>(1, duration_cast<milliseconds>(until - now).count());
+    long timeout = awake || until <= now
+                       ? 0
+                       : std::max<long>(1, duration_cast<milliseconds>(until - now).count());
     zmq::poll(items, std::chrono::milliseconds(timeout));
+    std::size_t work = 0;
 
     if (items[0].revents & ZMQ_POLLIN) {
       uint64_t v;
@@ -261,7 +267,7 @@ void Bridge::loop() {
     {
       // Everything arriving in one pass is published to local subscribers at once.
       Batch batch(bus_);
-      for (int i = 0; i < kReadBudget && recv(*sub_, parts); ++i) on_sub(parts);
+      for (int i = 0; i < kReadBudget && recv(*sub_, parts); ++i, ++work) on_sub(parts);
       // Requests wait in the ROUTER while replies wait for room (back-pressure on requesters).
       for (int i = 0;
            i < kReadBudget && reply_backlog_.size() < kPauseBacklog && recv(*router_, parts, 5);
@@ -274,6 +280,7 @@ void Bridge::loop() {
           auto it = peers_.find(id);
           if (it == peers_.end() || !it->second.dealer || !recv(*it->second.dealer, parts)) break;
           on_dealer(parts);
+          ++work;
         }
       }
     }
@@ -285,12 +292,29 @@ void Bridge::loop() {
     if (zap_) on_zap();
     if (backlogged_ > 0) flush_peer_backlogs();
     if (!reply_backlog_.empty()) flush_reply_backlog();
-    if ((stall_ && !retry_stall()) || backlogged_ >= kPauseBacklog) {
+    bool paused = (stall_ && !retry_stall()) || backlogged_ >= kPauseBacklog;
+    if (paused) {
       // A subscriber or a peer is not keeping up: hold local input back (local publishers feel
       // the back-pressure through the bounded rings).
     } else {
-      inbox_->drain();
+      work += awake ? inbox_->drain_awake() : inbox_->drain();
       flush_publishes();
+    }
+    // While traffic flows, stay awake: poll without blocking and keep the inbox awake, so local
+    // publishers do not pay an eventfd write (and we a wake-up) per message, and what arrives
+    // between passes goes out together. After kSpin without work, drain once more the normal
+    // way (re-arming the eventfd) and block in poll again.
+    if (work > 0) {
+      awake = true;
+      last_work = Clock::now();
+    } else if (awake) {
+      if (Clock::now() - last_work > kSpin) {
+        awake = false;
+        if (!paused && inbox_->drain() > 0) awake = true;
+        flush_publishes();
+      } else {
+        std::this_thread::yield();  // on a shared core, let the publishers run
+      }
     }
     now = Clock::now();
     if (now >= next_heartbeat_) {

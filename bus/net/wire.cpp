@@ -39,30 +39,13 @@ capnp::ReaderOptions reader_options(const Limits& limits) {
   return o;
 }
 
-namespace {
-// 1 KiB covers most messages: building them allocates nothing.
-constexpr std::size_t kScratchWords = 128;
-thread_local capnp::word tls_scratch[kScratchWords];
-thread_local std::optional<capnp::MallocMessageBuilder> tls_builder;
-}  // namespace
-
-capnp::MessageBuilder& scratch_builder() {
-  // MallocMessageBuilder zeroes a caller-provided first segment again when it is destroyed, so
-  // the buffer can be handed to the next builder as the zeroed segment it requires.
-  return tls_builder.emplace(kj::arrayPtr(tls_scratch, kScratchWords));
-}
-
-void release_scratch_builder() { tls_builder.reset(); }
-
 std::string describe(const kj::Exception& e) { return std::string(e.getDescription().cStr()); }
 
 // ---- envelope ------------------------------------------------------------------------------
 
 std::string encode_envelope(const EnvelopeFields& f) {
-  capnp::MessageBuilder& builder = scratch_builder();
-  struct Release {
-    ~Release() { release_scratch_builder(); }
-  } release;
+  bus::detail::ScratchBuilder scratch;
+  capnp::MessageBuilder& builder = scratch.get();
   auto e = builder.initRoot<wire::Envelope>();
   e.setKind(f.kind);
   e.setTypeId(f.type_id);
@@ -164,3 +147,21 @@ absl::Status Payloads::parse(const void* bytes, std::size_t size, uint32_t count
 }
 
 }  // namespace bus::net::detail
+
+namespace bus::detail {
+namespace {
+// 1 KiB covers most messages: building them allocates nothing.
+constexpr std::size_t kScratchWords = 128;
+thread_local capnp::word tls_scratch[kScratchWords];
+thread_local bool tls_scratch_busy = false;
+}  // namespace
+
+kj::ArrayPtr<capnp::word> acquire_scratch() {
+  if (tls_scratch_busy) return {};
+  tls_scratch_busy = true;
+  return kj::arrayPtr(tls_scratch, kScratchWords);
+}
+
+void release_scratch() { tls_scratch_busy = false; }
+
+}  // namespace bus::detail

@@ -149,6 +149,14 @@ ExternalInbox::~ExternalInbox() {
 
 void ExternalInbox::bind_to_this_thread() { bus_.core_->bind_thread(*inbox_); }
 
+std::size_t ExternalInbox::drain_awake() {
+  inbox_->begin_drain();
+  uint64_t ignored;
+  while (::read(fd(), &ignored, sizeof ignored) > 0) {
+  }
+  return inbox_->run_once();
+}
+
 std::size_t ExternalInbox::drain() {
   inbox_->begin_drain();
   uint64_t ignored;

@@ -257,6 +257,10 @@ class ExternalInbox {
   int fd() const { return inbox_->eventfd(); }
   /// Runs what is ready; returns how many records and timers ran.
   std::size_t drain();
+  /// Like drain(), but leaves the inbox awake: producers stop writing the eventfd (a syscall per
+  /// message) until the next drain(). For a loop that is busy and will call again at once; it
+  /// must call drain() before it blocks in poll.
+  std::size_t drain_awake();
   std::optional<Clock::time_point> next_timer() const { return inbox_->next_timer(); }
   /// Makes the calling thread the owner (its requests' replies come here).
   void bind_to_this_thread();

@@ -12,11 +12,43 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 namespace bus {
+
+namespace detail {
+/// The calling thread's reusable first segment (zeroed), or an empty array while it is in use.
+kj::ArrayPtr<capnp::word> acquire_scratch();
+void release_scratch();
+
+/// A message builder whose first segment is a reused per-thread buffer, so building a small
+/// message allocates nothing (a default MallocMessageBuilder callocs 8 KiB). Nested use on one
+/// thread gets an ordinary builder.
+class ScratchBuilder {
+ public:
+  ScratchBuilder() : scratch_(acquire_scratch()) {
+    if (scratch_.size() != 0) {
+      builder_.emplace(scratch_);
+    } else {
+      builder_.emplace();
+    }
+  }
+  ~ScratchBuilder() {
+    builder_.reset();  // zeroes the scratch segment again, ready for the next builder
+    if (scratch_.size() != 0) release_scratch();
+  }
+  ScratchBuilder(const ScratchBuilder&) = delete;
+  ScratchBuilder& operator=(const ScratchBuilder&) = delete;
+  capnp::MessageBuilder& get() { return *builder_; }
+
+ private:
+  kj::ArrayPtr<capnp::word> scratch_;
+  std::optional<capnp::MallocMessageBuilder> builder_;
+};
+}  // namespace detail
 
 /// An immutable, ref-counted Cap'n Proto message of struct `S`: the flat words plus a typed
 /// reader. Copies share one buffer, so every local subscriber reads the same bytes, and the
@@ -70,9 +102,9 @@ class Message {
 /// Builds a Message<S>: `fill(S::Builder)` sets the fields.
 template <class S, class F>
 requires std::invocable<F&, typename S::Builder> Message<S> build(F&& fill) {
-  capnp::MallocMessageBuilder builder;
-  fill(builder.initRoot<S>());
-  return Message<S>(builder.getRoot<S>().asReader());
+  detail::ScratchBuilder builder;
+  fill(builder.get().initRoot<S>());
+  return Message<S>(builder.get().getRoot<S>().asReader());
 }
 
 /// How a C++ type crosses processes. Specialise it for your type with the Cap'n Proto struct

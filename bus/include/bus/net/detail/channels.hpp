@@ -26,10 +26,6 @@ struct Limits {
 void append_message(capnp::MessageBuilder& builder, std::string& out);
 /// Reader options for `limits`.
 capnp::ReaderOptions reader_options(const Limits& limits);
-/// A builder whose first segment is a reused per-thread buffer (no allocation for small
-/// messages). One at a time per thread.
-capnp::MessageBuilder& scratch_builder();
-void release_scratch_builder();
 std::string describe(const kj::Exception& e);
 
 /// Appends `v` as one Cap'n Proto message to `out`.
@@ -39,12 +35,9 @@ void encode(const T& v, std::string& out) {
     auto b = v.bytes();
     out.append(reinterpret_cast<const char*>(b.begin()), b.size());
   } else {
-    capnp::MessageBuilder& builder = scratch_builder();
-    struct Release {
-      ~Release() { release_scratch_builder(); }
-    } release;
-    Codec<T>::encode(v, builder.initRoot<typename Codec<T>::Schema>());
-    append_message(builder, out);
+    bus::detail::ScratchBuilder builder;
+    Codec<T>::encode(v, builder.get().initRoot<typename Codec<T>::Schema>());
+    append_message(builder.get(), out);
   }
 }
 
