@@ -241,6 +241,7 @@ void Bridge::loop() {
     items.push_back({sub_->handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
     if (zap_) items.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
+    const std::size_t first_dealer = items.size();
     for (auto& [id, peer] : peers_) {
       if (!peer.dealer) continue;
       dealers.push_back(id);
@@ -267,29 +268,38 @@ void Bridge::loop() {
     {
       // Everything arriving in one pass is published to local subscribers at once.
       Batch batch(bus_);
-      for (int i = 0; i < kReadBudget && recv(*sub_, parts); ++i, ++work) on_sub(parts);
-      // Requests wait in the ROUTER while replies wait for room (back-pressure on requesters).
-      for (int i = 0;
-           i < kReadBudget && reply_backlog_.size() < kPauseBacklog && recv(*router_, parts, 5);
-           ++i) {
-        on_router(parts);
+      // Only sockets poll reported readable: a recv() that finds nothing still costs libzmq
+      // a poll() and a getpid().
+      if (items[3].revents & ZMQ_POLLIN) {
+        for (int i = 0; i < kReadBudget && recv(*sub_, parts); ++i, ++work) on_sub(parts);
       }
-      for (uint64_t id : dealers) {
+      // Requests wait in the ROUTER while replies wait for room (back-pressure on requesters).
+      if (items[4].revents & ZMQ_POLLIN) {
+        for (int i = 0;
+             i < kReadBudget && reply_backlog_.size() < kPauseBacklog && recv(*router_, parts, 5);
+             ++i, ++work) {
+          on_router(parts);
+        }
+      }
+      for (std::size_t d = 0; d < dealers.size(); ++d) {
+        if (!(items[first_dealer + d].revents & ZMQ_POLLIN)) continue;
         // Reading may add or forget peers: look the peer up again each time.
         for (int i = 0; i < kReadBudget; ++i) {
-          auto it = peers_.find(id);
+          auto it = peers_.find(dealers[d]);
           if (it == peers_.end() || !it->second.dealer || !recv(*it->second.dealer, parts)) break;
           on_dealer(parts);
           ++work;
         }
       }
     }
-    for (int i = 0; i < kReadBudget; ++i) {
-      zmq::message_t m;
-      if (!xpub_->recv(m, zmq::recv_flags::dontwait)) break;
-      on_xpub(m);
+    if (items[2].revents & ZMQ_POLLIN) {
+      for (int i = 0; i < kReadBudget; ++i) {
+        zmq::message_t m;
+        if (!xpub_->recv(m, zmq::recv_flags::dontwait)) break;
+        on_xpub(m);
+      }
     }
-    if (zap_) on_zap();
+    if (zap_ && (items[5].revents & ZMQ_POLLIN)) on_zap();
     if (backlogged_ > 0) flush_peer_backlogs();
     if (!reply_backlog_.empty()) flush_reply_backlog();
     bool paused = (stall_ && !retry_stall()) || backlogged_ >= kPauseBacklog;
@@ -438,7 +448,7 @@ void Bridge::on_sub(Parts& parts) {
   if (!env.ok()) return malformed("subscriber", env.status());
   if (env->sender == id_) return;
   absl::string_view name = view(parts[0]);
-  Payloads payloads;
+  Payloads& payloads = payloads_;
   if (absl::Status st = payloads.parse(parts[2].data(), parts[2].size(), env->count, limits_);
       !st.ok()) {
     if (st.code() == absl::StatusCode::kResourceExhausted) {
@@ -532,7 +542,7 @@ void Bridge::on_router(Parts& parts) {
     return;
   }
   Bridged& ch = *it->second;
-  Payloads payloads;
+  Payloads& payloads = payloads_;
   absl::Status st = payloads.parse(parts[3].data(), parts[3].size(), env->count, limits_);
   if (st.ok() && request && env->count != 1) st = absl::InvalidArgumentError("request count != 1");
   if (!st.ok()) {
@@ -584,7 +594,7 @@ void Bridge::on_dealer(Parts& parts) {
     p.call->finish(status_from(env->code, env->detail), {});
     return;
   }
-  Payloads payloads;
+  Payloads& payloads = payloads_;
   absl::Status st = payloads.parse(parts[2].data(), parts[2].size(), 1, limits_);
   if (st.ok() && env->type_id != p.channel->reply_type_id) {
     st = absl::InvalidArgumentError(absl::StrCat("reply type id ", absl::Hex(env->type_id),

@@ -177,6 +177,7 @@ class Bridge final : public Link {
   absl::flat_hash_map<uint64_t, Pending> pending_;
   uint64_t last_correlation_ = 0;
   std::vector<std::pair<Bridged*, Outbox*>> queued_;
+  Payloads payloads_;  // reused: its aligned buffer keeps its size across frames
   std::optional<Stall> stall_;
   std::size_t backlogged_ = 0;                                 // messages in peers' backlogs
   absl::flat_hash_map<std::string, std::size_t> subscribers_;  // remote ones, through XPUB
