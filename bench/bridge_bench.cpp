@@ -1,0 +1,704 @@
+// The bridge across processes, against raw ZeroMQ and NATS, in one interleaved run.
+//
+//   build/bench/bus_bridge [key=value...]     (bench/run_bridge.sh builds it and starts NATS)
+//
+// keys: runs=5, warmup=1 (unreported rounds first), scale=1 (multiplies every case's message
+// count: each is set for a run of about 1-2 s here), window=1000 (pipelined requests outstanding),
+// rr_size=16 (request and reply payload bytes), nats=nats://127.0.0.1:4222 (empty: skip NATS),
+// nats_pid= (the broker's pid: its CPU is reported too), port=47300 (the first of the ports
+// used), filter= (only the cases whose id contains it).
+//
+// Every case is two processes, started from the programs beside this one (bus_bridge_bus,
+// bus_bridge_zmq, bus_bridge_nats): the receiving side (subscriber, server) under
+// `taskset -c 1`, the sending side (publisher, client) under `taskset -c 0`. The driver waits
+// for the receiver's "ready", starts the sender, waits for the side that measures to print its
+// "result", then closes both stdins (the stop signal) and collects the other result. Run r of
+// every case comes before run r + 1 of any.
+//
+// Throughput is counted as the user counts it: messages delivered to the subscriber's handler
+// (callback, recv) per second, from the publisher's first publish to the subscriber's last
+// delivery (both CLOCK_MONOTONIC, one clock across processes). Every receiver checks the count,
+// the order and a checksum; a run that fails a check is reported and left out.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifndef BUS_BRIDGE_BUILD_TYPE
+#define BUS_BRIDGE_BUILD_TYPE "unknown"
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Fields = std::map<std::string, std::string>;
+
+constexpr int kSenderCore = 0;
+constexpr int kReceiverCore = 1;
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "bus_bridge: %s\n", what.c_str());
+  std::exit(2);
+}
+
+// ---- child processes ---------------------------------------------------------------------------
+
+/// A role process: its stdin (closing it is the stop signal) and its stdout, read line by line.
+struct Child {
+  pid_t pid = -1;
+  int in = -1;
+  int out = -1;
+  std::string pending;  // a partial line
+  std::vector<std::string> lines;
+  bool eof = false;
+  std::optional<int> status;
+
+  static Child start(int core, const std::vector<std::string>& argv) {
+    int to_child[2], from_child[2];
+    if (::pipe2(to_child, O_CLOEXEC) != 0 || ::pipe2(from_child, O_CLOEXEC) != 0) {
+      fail("pipe2 failed");
+    }
+    std::vector<std::string> full = {"taskset", "-c", std::to_string(core)};
+    full.insert(full.end(), argv.begin(), argv.end());
+    pid_t pid = ::fork();
+    if (pid < 0) fail("fork failed");
+    if (pid == 0) {
+      ::dup2(to_child[0], 0);
+      ::dup2(from_child[1], 1);
+      ::dup2(from_child[1], 2);  // its complaints come back with its results
+      std::vector<char*> args;
+      for (auto& a : full) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      std::fprintf(stderr, "bus_bridge: cannot run %s: %s\n", args[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    Child c;
+    c.pid = pid;
+    c.in = to_child[1];
+    c.out = from_child[0];
+    return c;
+  }
+
+  void close_stdin() {
+    if (in >= 0) ::close(in);
+    in = -1;
+  }
+
+  /// Reads what is there; false at end of output.
+  bool read_some() {
+    char buf[4096];
+    ssize_t n = ::read(out, buf, sizeof buf);
+    if (n <= 0) {
+      eof = true;
+      return false;
+    }
+    pending.append(buf, static_cast<std::size_t>(n));
+    for (std::size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+      lines.push_back(pending.substr(0, nl));
+      pending.erase(0, nl + 1);
+    }
+    return true;
+  }
+
+  std::optional<Fields> line(const std::string& word) const {
+    for (const auto& l : lines) {
+      if (l == word || l.rfind(word + " ", 0) == 0) {
+        Fields f;
+        std::istringstream in(l.substr(word.size()));
+        std::string kv;
+        while (in >> kv) {
+          auto eq = kv.find('=');
+          if (eq != std::string::npos) f[kv.substr(0, eq)] = kv.substr(eq + 1);
+        }
+        return f;
+      }
+    }
+    return std::nullopt;
+  }
+
+  void reap(bool block) {
+    if (pid < 0 || status) return;
+    int st = 0;
+    if (::waitpid(pid, &st, block ? 0 : WNOHANG) == pid) status = st;
+  }
+
+  void kill_and_reap() {
+    if (pid > 0 && !status) {
+      ::kill(pid, SIGKILL);
+      reap(true);
+    }
+    close_stdin();
+    if (out >= 0) ::close(out);
+    out = -1;
+  }
+};
+
+/// Reads from every child with output left until `done()` or the deadline. False on timeout or
+/// when a child ended while `done()` was still false.
+template <class F>
+bool pump(std::vector<Child*> children, Clock::time_point deadline, F done) {
+  while (!done()) {
+    std::vector<pollfd> fds;
+    std::vector<Child*> who;
+    for (Child* c : children) {
+      if (!c->eof) {
+        fds.push_back({c->out, POLLIN, 0});
+        who.push_back(c);
+      }
+    }
+    if (fds.empty()) return done();
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    int n = ::poll(fds.data(), fds.size(), static_cast<int>(std::min<long>(left.count(), 1000)));
+    if (n < 0 && errno != EINTR) fail("poll failed");
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents != 0 && !who[i]->read_some()) {
+        who[i]->reap(true);
+        if (!done() && who[i]->status && *who[i]->status != 0) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// ---- cases -------------------------------------------------------------------------------------
+
+enum class Kind { kThroughput, kRoundTrip, kPipelined };
+
+struct Sample {
+  bool ok = false;
+  std::string why;
+  double value = 0;                   // messages/s, or requests/s
+  double p50 = 0, p99 = 0, p999 = 0;  // round trip, ns
+  uint64_t gaps = 0;                  // bus subscriber: sequence gaps counted by the bridge
+  uint64_t publish_dropped = 0;
+  // CPU of each process (all its threads) per message or request: sender/client ("tx") and
+  // receiver/server ("rx"); ns.
+  double tx_cpu = 0, rx_cpu = 0;
+  double broker_cpu = 0;  // NATS: the broker's CPU per message or request, ns
+  uint64_t lost = 0;      // bus server: replies it could not send (unroutable_replies)
+  std::string lines;      // both processes' result lines and complaints, for the raw output
+};
+
+struct Case {
+  std::string id, name, section;
+  Kind kind;
+  std::vector<std::string> receiver, sender;
+  uint64_t count;
+  std::string skipped;  // non-empty: why it does not run
+  std::vector<Sample> samples;
+};
+
+std::string num(uint64_t v) { return std::to_string(v); }
+
+uint64_t field(const Fields& f, const char* k) {
+  auto it = f.find(k);
+  return it == f.end() ? 0 : std::strtoull(it->second.c_str(), nullptr, 10);
+}
+
+/// CPU time (user + system) a process has used so far, ns; 0 when it cannot be read.
+uint64_t process_cpu_ns(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto paren = text.rfind(')');  // the command name may hold spaces
+  if (paren == std::string::npos) return 0;
+  std::istringstream fields(text.substr(paren + 2));
+  std::string f;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; fields >> f && i <= 15; ++i) {  // fields 14 and 15: utime, stime (ticks)
+    if (i == 14) utime = std::strtoull(f.c_str(), nullptr, 10);
+    if (i == 15) stime = std::strtoull(f.c_str(), nullptr, 10);
+  }
+  return (utime + stime) * (1'000'000'000 / static_cast<uint64_t>(::sysconf(_SC_CLK_TCK)));
+}
+
+/// Runs one case once. `broker` (NATS cases): the broker's pid, whose CPU is counted too.
+Sample run_case(Case& c, pid_t broker) {
+  Sample s;
+  const uint64_t broker0 = broker > 0 ? process_cpu_ns(broker) : 0;
+  Child r = Child::start(kReceiverCore, c.receiver);
+  Child snd;
+  bool started = false;
+  auto collect = [&] {
+    s.lines.clear();
+    for (const auto* ch : {&r, &snd}) {
+      for (const auto& l : ch->lines) {
+        if (l == "ready") continue;
+        std::string who = ch == &r ? " receiver" : " sender";
+        s.lines += l.rfind("result", 0) == 0 ? who + ":" + l.substr(6) : who + " said: " + l;
+      }
+    }
+  };
+  auto finish = [&](std::string why) {
+    s.ok = false;
+    if (started) snd.kill_and_reap();
+    r.kill_and_reap();
+    collect();
+    s.why = std::move(why) + s.lines;
+    return s;
+  };
+  if (!pump({&r}, Clock::now() + std::chrono::seconds(30),
+            [&] { return r.line("ready").has_value(); })) {
+    return finish("receiver never said ready");
+  }
+  snd = Child::start(kSenderCore, c.sender);
+  started = true;
+  Child& measurer = c.kind == Kind::kThroughput ? r : snd;
+  if (!pump({&r, &snd}, Clock::now() + std::chrono::seconds(180),
+            [&] { return measurer.line("result").has_value(); })) {
+    return finish("no result within 180 s, or a process failed");
+  }
+  snd.close_stdin();
+  r.close_stdin();
+  if (!pump({&r, &snd}, Clock::now() + std::chrono::seconds(30),
+            [&] { return r.eof && snd.eof; })) {
+    return finish("processes did not stop within 30 s of the stop signal");
+  }
+  r.reap(true);
+  snd.reap(true);
+  ::close(r.out);
+  ::close(snd.out);
+  for (Child* ch : {&r, &snd}) {
+    if (!ch->status || !WIFEXITED(*ch->status) || WEXITSTATUS(*ch->status) != 0) {
+      return finish("a process exited with an error");
+    }
+  }
+  auto rr = r.line("result"), sr = snd.line("result");
+  if (!rr || !sr) return finish("a process printed no result");
+  s.lost = field(*rr, "unroutable_replies");
+  const Fields& m = c.kind == Kind::kThroughput ? *rr : *sr;
+  if (field(m, "ok") != 1 || field(m, "count") != c.count) {
+    s.lost = field(*rr, "unroutable_replies");
+    return finish("check failed: count " + num(field(m, "count")) + " of " + num(c.count) +
+                  ", ok=" + num(field(m, "ok")));
+  }
+  switch (c.kind) {
+    case Kind::kThroughput: {
+      uint64_t t0 = field(*sr, "t0"), t_last = field(*rr, "t_last");
+      if (t_last <= t0) return finish("last delivery before the first publish?");
+      s.value = static_cast<double>(c.count) * 1e9 / static_cast<double>(t_last - t0);
+      s.gaps = field(*rr, "gaps");
+      s.publish_dropped = field(*sr, "publish_dropped");
+      s.rx_cpu = static_cast<double>(field(*rr, "cpu")) / static_cast<double>(c.count);
+      break;
+    }
+    case Kind::kRoundTrip:
+      s.p50 = static_cast<double>(field(m, "p50"));
+      s.p99 = static_cast<double>(field(m, "p99"));
+      s.p999 = static_cast<double>(field(m, "p999"));
+      s.value = s.p50;
+      break;
+    case Kind::kPipelined:
+      s.value = static_cast<double>(c.count) * 1e9 / static_cast<double>(field(m, "ns"));
+      break;
+  }
+  s.tx_cpu = static_cast<double>(field(*sr, "cpu")) / static_cast<double>(c.count);
+  double per = static_cast<double>(c.count);
+  if (c.kind != Kind::kThroughput && field(*rr, "served") > 0) {
+    per = static_cast<double>(field(*rr, "served"));
+    s.rx_cpu = static_cast<double>(field(*rr, "cpu")) / per;
+  }
+  if (broker > 0) s.broker_cpu = static_cast<double>(process_cpu_ns(broker) - broker0) / per;
+  collect();
+  s.ok = true;
+  return s;
+}
+
+// ---- report ------------------------------------------------------------------------------------
+
+struct Stat {
+  double median = 0, min = 0, max = 0;
+  int n = 0;
+};
+
+Stat stat_of(const Case& c, double Sample::*what) {
+  std::vector<double> v;
+  for (const auto& s : c.samples) {
+    if (s.ok) v.push_back(s.*what);
+  }
+  Stat st;
+  st.n = static_cast<int>(v.size());
+  if (v.empty()) return st;
+  std::sort(v.begin(), v.end());
+  // The median of an even count is the mean of the middle two.
+  st.median = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  st.min = v.front();
+  st.max = v.back();
+  return st;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+std::string self_dir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) fail("readlink /proc/self/exe failed");
+  std::string p(buf, static_cast<std::size_t>(n));
+  return p.substr(0, p.rfind('/'));
+}
+
+std::string loadavg() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+std::string size_name(uint64_t b) { return b >= 1024 ? num(b / 1024) + " KiB" : num(b) + " B"; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> opt = {
+      {"runs", "5"},  {"warmup", "1"},    {"scale", "1"},    {"nats", ""},     {"port", "47300"},
+      {"filter", ""}, {"window", "1000"}, {"rr_size", "16"}, {"nats_pid", "0"}};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto eq = a.find('=');
+    if (eq == std::string::npos || !opt.contains(a.substr(0, eq))) {
+      std::fprintf(stderr, "usage: %s [key=value...]; keys (defaults):", argv[0]);
+      for (auto& [k, v] : opt) std::fprintf(stderr, " %s=%s", k.c_str(), v.c_str());
+      std::fprintf(stderr, "\n");
+      return 2;
+    }
+    opt[a.substr(0, eq)] = a.substr(eq + 1);
+  }
+  auto n = [&](const char* k) { return std::strtoull(opt[k].c_str(), nullptr, 10); };
+  const int runs = static_cast<int>(n("runs")), warmup = static_cast<int>(n("warmup"));
+  const double scale = std::strtod(opt["scale"].c_str(), nullptr);
+  const uint64_t window = n("window"), rr_size = n("rr_size");
+  const std::string nats = opt["nats"], dir = self_dir();
+  const std::string bus = dir + "/bus_bridge_bus", zmq = dir + "/bus_bridge_zmq",
+                    natsp = dir + "/bus_bridge_nats";
+  const bool have_nats = ::access(natsp.c_str(), X_OK) == 0;
+  const std::string nats_missing = !have_nats ? "bus_bridge_nats not built (libnats-dev missing)"
+                                   : nats.empty() ? "no NATS server given (nats=URL)"
+                                                  : "";
+  if (runs < 1 || scale <= 0) fail("runs must be at least 1 and scale above 0");
+  // Messages per run: about 1-2 s each on the machine this was written on (2 cores, shared).
+  auto count = [&](uint64_t base) {
+    return std::max<uint64_t>(1000, static_cast<uint64_t>(static_cast<double>(base) * scale));
+  };
+
+  // Each case gets its own port: a process still in TIME_WAIT never holds up the next one.
+  int next_port = static_cast<int>(n("port"));
+  auto endpoint = [&] {
+    return "endpoint=tcp://127.0.0.1:" + num(static_cast<uint64_t>(next_port++));
+  };
+
+  std::vector<Case> cases;
+  auto add = [&](std::string id, std::string name, std::string section, Kind kind,
+                 std::vector<std::string> receiver, std::vector<std::string> sender, uint64_t cnt,
+                 std::string skipped = "") {
+    sender.push_back("count=" + num(cnt));
+    if (kind == Kind::kThroughput) receiver.push_back("count=" + num(cnt));
+    cases.push_back(Case{std::move(id),
+                         std::move(name),
+                         std::move(section),
+                         kind,
+                         std::move(receiver),
+                         std::move(sender),
+                         cnt,
+                         std::move(skipped),
+                         {}});
+  };
+  struct Counts {
+    uint64_t size, bus, batch, pushpull, pubsub, nats;
+  };
+  for (const Counts& k : {Counts{16, 1'500'000, 4'000'000, 8'000'000, 6'000'000, 2'000'000},
+                          Counts{64, 1'200'000, 3'000'000, 6'000'000, 5'000'000, 2'000'000},
+                          Counts{1024, 300'000, 400'000, 1'000'000, 1'000'000, 500'000}}) {
+    std::string sz = "size=" + num(k.size), tag = "tp" + num(k.size) + ".";
+    std::string section = "throughput, publisher process -> subscriber process, " +
+                          size_name(k.size) + " payloads, tcp 127.0.0.1";
+    std::string e = endpoint();
+    add(tag + "bus", "bus publish", section, Kind::kThroughput, {bus, "sub", e, sz},
+        {bus, "pub", e, sz}, count(k.bus));
+    e = endpoint();
+    add(tag + "bus-batch", "bus publish, Batch of 256", section, Kind::kThroughput,
+        {bus, "sub", e, sz}, {bus, "pub", e, sz, "batch=256"}, count(k.batch));
+    e = endpoint();
+    add(tag + "zmq-pushpull", "ZeroMQ PUSH/PULL", section, Kind::kThroughput, {zmq, "pull", e, sz},
+        {zmq, "push", e, sz}, count(k.pushpull));
+    e = endpoint();
+    add(tag + "zmq-pubsub", "ZeroMQ XPUB/SUB", section, Kind::kThroughput, {zmq, "sub", e, sz},
+        {zmq, "xpub", e, sz}, count(k.pubsub));
+    add(tag + "nats", "NATS pub/sub", section, Kind::kThroughput, {natsp, "sub", "url=" + nats, sz},
+        {natsp, "pub", "url=" + nats, sz}, count(k.nats), nats_missing);
+  }
+  {
+    std::string sz = "size=" + num(rr_size);
+    std::string section = "request/reply round trip, one at a time, " + size_name(rr_size) +
+                          " request and reply, tcp 127.0.0.1";
+    std::string e = endpoint();
+    add("rtt.bus", "bus call (plain thread)", section, Kind::kRoundTrip, {bus, "server", e},
+        {bus, "rtt", e, sz}, count(10'000));
+    e = endpoint();
+    add("rtt.bus-spin0", "bus call, executors spin(0)", section, Kind::kRoundTrip,
+        {bus, "server", e, "spin_us=0"}, {bus, "rtt", e, sz, "spin_us=0"}, count(10'000));
+    e = endpoint();
+    add("rtt.zmq", "ZeroMQ DEALER/ROUTER ping-pong", section, Kind::kRoundTrip, {zmq, "router", e},
+        {zmq, "rtt", e, sz}, count(10'000));
+    add("rtt.nats", "NATS request (SendAsap)", section, Kind::kRoundTrip,
+        {natsp, "responder", "url=" + nats, "asap=1"}, {natsp, "rtt", "url=" + nats, sz},
+        count(10'000), nats_missing);
+  }
+  {
+    std::string sz = "size=" + num(rr_size), w = "window=" + num(window);
+    std::string section =
+        "pipelined requests, " + size_name(rr_size) + " request and reply, tcp 127.0.0.1";
+    std::string e = endpoint();
+    // A lost reply fails its request at the deadline: 2 s keeps such a run short.
+    add("pipe.bus", "bus request, " + num(window) + " outstanding", section, Kind::kPipelined,
+        {bus, "server", e}, {bus, "pipe", e, sz, w, "timeout_ms=2000"}, count(300'000));
+    e = endpoint();
+    add("pipe.bus-500", "bus request, 500 outstanding", section, Kind::kPipelined,
+        {bus, "server", e}, {bus, "pipe", e, sz, "window=500", "timeout_ms=2000"}, count(300'000));
+    e = endpoint();
+    add("pipe.zmq", "ZeroMQ DEALER/ROUTER, " + num(window) + " outstanding", section,
+        Kind::kPipelined, {zmq, "router", e}, {zmq, "pipe", e, sz, w}, count(1'000'000));
+    add("pipe.nats", "NATS PublishRequest, " + num(window) + " outstanding", section,
+        Kind::kPipelined, {natsp, "responder", "url=" + nats, "asap=0"},
+        {natsp, "pipe", "url=" + nats, sz, w}, count(500'000), nats_missing);
+  }
+  const std::string filter = opt["filter"];
+  std::erase_if(cases, [&](const Case& c) {
+    return !filter.empty() && c.id.find(filter) == std::string::npos;
+  });
+
+  std::string cmd;
+  for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
+  struct utsname un {};
+  ::uname(&un);
+  std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", std::localtime(&now));
+  std::printf("bus_bridge: the bridge across processes, against raw ZeroMQ and NATS\n");
+  std::printf("command:  %s\n", cmd.c_str());
+  std::printf("date:     %s\n", date);
+  std::printf("machine:  nproc %ld, %s, %s %s; load average at start: %s\n",
+              ::sysconf(_SC_NPROCESSORS_ONLN), cpu_model().c_str(), un.sysname, un.release,
+              loadavg().c_str());
+  std::printf("build:    %s, compiler %s\n", BUS_BRIDGE_BUILD_TYPE, __VERSION__);
+  std::printf(
+      "setup:    %d interleaved runs after %d warm-up round(s); every case is two processes, "
+      "sender (publisher, client) on core %d, receiver (subscriber, server) on core %d "
+      "(taskset); bus: one executor per process, default options unless the row says; "
+      "NATS: %s\n",
+      runs, warmup, kSenderCore, kReceiverCore,
+      nats.empty() ? "not run" : (nats + " (nats-server, not pinned)").c_str());
+  std::printf("\n");
+
+  for (int run = -warmup; run < runs; ++run) {
+    std::printf("%s %d:", run < 0 ? "warm-up round" : "run", run < 0 ? run + warmup + 1 : run + 1);
+    std::fflush(stdout);
+    for (auto& c : cases) {
+      if (!c.skipped.empty()) continue;
+      bool nats_case = c.id.find("nats") != std::string::npos;
+      Sample s = run_case(c, nats_case ? static_cast<pid_t>(n("nats_pid")) : 0);
+      if (run >= 0) c.samples.push_back(s);
+      std::printf(" %s%s", c.id.c_str(), s.ok ? "" : "(FAILED)");
+      if (!s.ok) std::printf("\n  %s failed: %s\n", c.id.c_str(), s.why.c_str());
+      std::fflush(stdout);
+    }
+    std::printf("\n");
+  }
+  std::printf("load average at the end: %s\n", loadavg().c_str());
+  std::printf(
+      "\n# samples: sample|run|case|ok|value (msgs/s, req/s or p50 ns)|p50 ns|p99 ns|p99.9 ns|"
+      "gaps|publish_dropped|lost replies|sender CPU ns per msg|receiver CPU ns per msg|broker "
+      "CPU ns per msg|the processes' result lines\n");
+  for (const auto& c : cases) {
+    for (std::size_t i = 0; i < c.samples.size(); ++i) {
+      const Sample& s = c.samples[i];
+      std::printf("sample|%zu|%s|%d|%.1f|%.0f|%.0f|%.0f|%llu|%llu|%llu|%.0f|%.0f|%.0f|%s\n", i + 1,
+                  c.id.c_str(), s.ok, s.value, s.p50, s.p99, s.p999,
+                  static_cast<unsigned long long>(s.gaps),
+                  static_cast<unsigned long long>(s.publish_dropped),
+                  static_cast<unsigned long long>(s.lost), s.tx_cpu, s.rx_cpu, s.broker_cpu,
+                  s.lines.c_str());
+    }
+  }
+
+  auto find = [&](const std::string& id) -> const Case* {
+    for (const auto& c : cases) {
+      if (c.id == id && c.skipped.empty()) return &c;
+    }
+    return nullptr;
+  };
+  auto med = [&](const std::string& id, double Sample::*what = &Sample::value) {
+    const Case* c = find(id);
+    return c ? stat_of(*c, what) : Stat{};
+  };
+  auto x = [](double a, double b) -> std::string {
+    if (a <= 0 || b <= 0) return "-";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2fx", a / b);
+    return buf;
+  };
+
+  std::printf("\n%d interleaved runs; median (min-max); ratios are of medians\n", runs);
+  std::string section;
+  for (const auto& c : cases) {
+    if (c.section != section) {
+      section = c.section;
+      std::printf("\n== %s\n", section.c_str());
+      switch (c.kind) {
+        case Kind::kThroughput:
+          std::printf("%-32s %9s %9s %15s %7s %7s %9s %9s %5s\n", "", "msgs/run", "M msgs/s",
+                      "min-max", "bus/x", "batch/x", "tx ns/msg", "rx ns/msg", "gaps");
+          break;
+        case Kind::kRoundTrip:
+          std::printf("%-32s %7s %7s %13s %7s %13s %8s %7s %7s %9s %9s\n", "", "rt/run", "p50 us",
+                      "min-max", "p99 us", "min-max", "p99.9 us", "p50 x/z", "p99 x/z", "cli us/rt",
+                      "srv us/rt");
+          break;
+        case Kind::kPipelined:
+          std::printf("%-40s %8s %8s %15s %7s %10s %10s\n", "", "req/run", "k req/s", "min-max",
+                      "x/zmq", "cli us/req", "srv us/req");
+          break;
+      }
+    }
+    if (!c.skipped.empty()) {
+      std::printf("  %-30s skipped: %s\n", c.name.c_str(), c.skipped.c_str());
+      continue;
+    }
+    std::string prefix = c.id.substr(0, c.id.find('.') + 1);
+    Stat st = stat_of(c, &Sample::value);
+    Stat tx = stat_of(c, &Sample::tx_cpu), rx = stat_of(c, &Sample::rx_cpu);
+    std::string failed = st.n < static_cast<int>(c.samples.size())
+                             ? "  (" + num(c.samples.size() - st.n) + " of " +
+                                   num(c.samples.size()) + " runs failed)"
+                             : "";
+    if (st.n == 0) {
+      uint64_t lo = UINT64_MAX, hi = 0;
+      for (const auto& smp : c.samples) {
+        lo = std::min(lo, smp.lost);
+        hi = std::max(hi, smp.lost);
+      }
+      std::printf("  %-30s every run failed", c.name.c_str());
+      if (hi > 0) {
+        std::printf(": %llu-%llu replies lost per run (the server's unroutable_replies)",
+                    static_cast<unsigned long long>(lo), static_cast<unsigned long long>(hi));
+      }
+      std::printf("\n");
+      continue;
+    }
+    Stat broker = stat_of(c, &Sample::broker_cpu);
+    if (broker.median > 0) {
+      failed += "  (+ broker " + num(static_cast<uint64_t>(broker.median + 0.5)) +
+                (c.kind == Kind::kThroughput ? " ns/msg)" : " ns/req)");
+    }
+    char range[64];
+    switch (c.kind) {
+      case Kind::kThroughput: {
+        uint64_t gaps = 0;
+        for (const auto& s : c.samples) gaps += s.gaps + s.publish_dropped;
+        std::snprintf(range, sizeof range, "(%.2f-%.2f)", st.min / 1e6, st.max / 1e6);
+        std::string g = c.id.find("bus") != std::string::npos ? num(gaps) : "-";
+        std::printf("  %-30s %9llu %9.2f %15s %7s %7s %9.0f %9.0f %5s%s\n", c.name.c_str(),
+                    static_cast<unsigned long long>(c.count), st.median / 1e6, range,
+                    x(med(prefix + "bus").median, st.median).c_str(),
+                    x(med(prefix + "bus-batch").median, st.median).c_str(), tx.median, rx.median,
+                    g.c_str(), failed.c_str());
+        break;
+      }
+      case Kind::kRoundTrip: {
+        Stat p99 = stat_of(c, &Sample::p99), p999 = stat_of(c, &Sample::p999);
+        char r99[64];
+        std::snprintf(range, sizeof range, "(%.0f-%.0f)", st.min / 1e3, st.max / 1e3);
+        std::snprintf(r99, sizeof r99, "(%.0f-%.0f)", p99.min / 1e3, p99.max / 1e3);
+        std::printf("  %-30s %7llu %7.1f %13s %7.1f %13s %8.1f %7s %7s %9.1f %9.1f%s\n",
+                    c.name.c_str(), static_cast<unsigned long long>(c.count), st.median / 1e3,
+                    range, p99.median / 1e3, r99, p999.median / 1e3,
+                    x(st.median, med("rtt.zmq", &Sample::p50).median).c_str(),
+                    x(p99.median, med("rtt.zmq", &Sample::p99).median).c_str(), tx.median / 1e3,
+                    rx.median / 1e3, failed.c_str());
+        break;
+      }
+      case Kind::kPipelined:
+        std::snprintf(range, sizeof range, "(%.1f-%.1f)", st.min / 1e3, st.max / 1e3);
+        std::printf("  %-38s %8llu %8.1f %15s %7s %10.2f %10.2f%s\n", c.name.c_str(),
+                    static_cast<unsigned long long>(c.count), st.median / 1e3, range,
+                    x(st.median, med("pipe.zmq").median).c_str(), tx.median / 1e3, rx.median / 1e3,
+                    failed.c_str());
+        break;
+    }
+  }
+  std::printf(
+      "\nbus/x, batch/x: the bus row's median over this row's (higher: the bus is faster); x/z, "
+      "x/zmq: this row over raw ZeroMQ's (latency: lower is better; rate: higher).\n"
+      "tx, rx, cli, srv: CPU time of the whole sending / receiving (client / server) process, "
+      "every thread, per message or request; NATS's broker (nats-server) is not in them: its CPU "
+      "per message or request is shown after the row when its pid is known.\n"
+      "gaps: messages the subscriber's bridge counted as lost plus batches the publisher's "
+      "dropped, summed over all runs.\n");
+
+  std::printf("\n== targets, from the medians above\n");
+  auto target = [&](const std::string& what, const std::string& a, const std::string& b,
+                    double Sample::*field, bool higher_better, double goal) {
+    if (!find(a) || !find(b)) return;  // filtered out or skipped
+    double va = med(a, field).median, vb = med(b, field).median;
+    if (va <= 0 || vb <= 0) {
+      std::printf("  %-52s     -   (%s %.2fx: not measured, every run failed)\n", what.c_str(),
+                  higher_better ? ">=" : "<=", goal);
+      return;
+    }
+    double v = va / vb;
+    bool met = higher_better ? v >= goal : v <= goal;
+    std::printf("  %-52s %5.2fx  (%s %.2fx: %s)\n", what.c_str(), v,
+                higher_better ? ">=" : "<=", goal, met ? "met" : "MISSED");
+  };
+  for (uint64_t size : {16, 64, 1024}) {
+    std::string p = "tp" + num(size) + ".", sz = size_name(size);
+    for (auto [id, name] :
+         {std::pair<std::string, std::string>{"bus", "bus"}, {"bus-batch", "bus Batch"}}) {
+      target(name + " " + sz + " / ZeroMQ PUSH/PULL", p + id, p + "zmq-pushpull", &Sample::value,
+             true, 0.9);
+      target(name + " " + sz + " / ZeroMQ XPUB/SUB", p + id, p + "zmq-pubsub", &Sample::value, true,
+             0.9);
+      target(name + " " + sz + " / NATS pub/sub", p + id, p + "nats", &Sample::value, true, 2.0);
+    }
+  }
+  target("pipelined, " + num(window) + " outstanding: bus / ZeroMQ", "pipe.bus", "pipe.zmq",
+         &Sample::value, true, 0.5);
+  for (auto [id, name] :
+       {std::pair<std::string, std::string>{"rtt.bus", "bus"}, {"rtt.bus-spin0", "bus spin(0)"}}) {
+    target("round trip p50, " + name + " / ZeroMQ DEALER/ROUTER", id, "rtt.zmq", &Sample::p50,
+           false, 1.2);
+    target("round trip p99, " + name + " / ZeroMQ DEALER/ROUTER", id, "rtt.zmq", &Sample::p99,
+           false, 1.25);
+  }
+  return 0;
+}

@@ -1,0 +1,383 @@
+// The bus side of the bridge benchmark: one role of one case per process, started by bus_bridge
+// (bench/bridge_bench.cpp), which pins it, reads its "ready"/"result" lines and closes its stdin
+// to end it.
+//
+//   bus_bridge_bus pub    endpoint=tcp://127.0.0.1:P size=64 count=N [batch=256]
+//   bus_bridge_bus sub    endpoint=tcp://127.0.0.1:P size=64 count=N
+//   bus_bridge_bus server endpoint=tcp://127.0.0.1:P
+//   bus_bridge_bus rtt    endpoint=tcp://127.0.0.1:P size=16 count=N [warmup=W]
+//   bus_bridge_bus pipe   endpoint=tcp://127.0.0.1:P size=16 count=N [window=1000] [warmup=W]
+//                         [timeout_ms=30000]
+// Every role also takes spin_us= (bus::Options::spin, how long an idle executor polls).
+//
+// Each process is what a user writes: a bus::Bus with one executor and a bus::net::Node. The
+// publisher exports a Topic<Message<Blob>> and publishes from its main thread (with `batch`, in
+// bus::Batch scopes of that many messages); the subscriber imports it and subscribes. The
+// server exports an Endpoint<Message<Blob>, Message<Blob>> that echoes; `rtt` calls it from a
+// plain thread, `pipe` keeps `window` requests outstanding from executor 0.
+// Times are CLOCK_MONOTONIC nanoseconds (steady_clock), comparable across processes.
+#include <absl/status/statusor.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bus/bus.hpp>
+#include <bus/message.hpp>
+#include <bus/net/node.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/bench.capnp.h"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+using Blob = bus::Message<bench::Blob>;
+
+inline const bus::Topic<Blob> kBlobs{"bench.blobs"};
+inline const bus::Endpoint<Blob, Blob> kEcho{"bench.echo"};
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "bus_bridge_bus: %s\n", what.c_str());
+  std::exit(1);
+}
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+/// CPU time of the whole process (every thread, user and system): what a case costs besides
+/// how long it takes.
+uint64_t cpu_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+struct Args {
+  std::map<std::string, std::string> kv;
+  Args(int argc, char** argv) {
+    for (int i = 2; i < argc; ++i) {
+      std::string a = argv[i];
+      auto eq = a.find('=');
+      if (eq == std::string::npos) fail("argument without '=': " + a);
+      kv[a.substr(0, eq)] = a.substr(eq + 1);
+    }
+  }
+  std::string str(const std::string& k, std::string def = {}) const {
+    auto it = kv.find(k);
+    if (it != kv.end()) return it->second;
+    if (def.empty()) fail("missing argument " + k + "=");
+    return def;
+  }
+  uint64_t num(const std::string& k, std::optional<uint64_t> def = {}) const {
+    auto it = kv.find(k);
+    if (it != kv.end()) return std::strtoull(it->second.c_str(), nullptr, 10);
+    if (!def) fail("missing argument " + k + "=");
+    return *def;
+  }
+};
+
+/// Data byte j of every payload: the receiver checks the last one.
+uint8_t pattern(std::size_t j) { return static_cast<uint8_t>(j * 31 + 7); }
+
+/// A reused builder: the user's cheapest way to make many messages of one shape (bus::build
+/// would allocate a fresh 8 KiB first segment per message).
+struct BlobMaker {
+  capnp::MallocMessageBuilder builder;
+  bench::Blob::Builder root = builder.initRoot<bench::Blob>();
+  explicit BlobMaker(std::size_t size) {
+    if (size < 9) fail("size must be at least 9 (8 bytes of sequence number, then data)");
+    auto d = root.initData(static_cast<unsigned>(size - 8));
+    for (std::size_t j = 0; j < d.size(); ++j) d[j] = pattern(j);
+  }
+  Blob make(uint64_t seq) {
+    root.setSeq(seq);
+    return Blob(root.asReader());
+  }
+};
+
+/// Blocks until the driver closes our stdin (its "stop").
+void wait_for_stdin_eof() {
+  char buf[256];
+  while (::read(0, buf, sizeof buf) > 0) {
+  }
+}
+
+void ready() {
+  std::printf("ready\n");
+  std::fflush(stdout);
+}
+
+/// One executor, as the benchmark's brief has it; `spin_us=` sets how long an idle executor
+/// polls before it parks (the bus's default is 50 us).
+bus::Options bus_options(const Args& a) {
+  bus::Options o = bus::Options().executors(1);
+  if (a.kv.contains("spin_us")) o.spin(std::chrono::microseconds(a.num("spin_us")));
+  return o;
+}
+
+int role_pub(const Args& a) {
+  uint64_t n = a.num("count"), batch = a.num("batch", 0);
+  BlobMaker maker(a.num("size"));
+  bus::Bus bus(bus_options(a));
+  bus::net::Node node(bus, bus::net::NodeOptions().name("bench-pub").publish_on(a.str("endpoint")));
+  node.export_topic(kBlobs);
+  ready();
+  if (!node.wait_for_subscribers(kBlobs.name(), 1, 30s)) fail("no subscriber within 30 s");
+  uint64_t t0 = now_ns(), c0 = cpu_ns();
+  std::optional<bus::Batch> scope;
+  for (uint64_t i = 1; i <= n; ++i) {
+    if (batch > 0 && (i - 1) % batch == 0) {
+      scope.reset();
+      scope.emplace(bus);
+    }
+    absl::Status st = bus.publish(kBlobs, maker.make(i));
+    if (!st.ok()) fail("publish: " + st.ToString());
+  }
+  scope.reset();
+  uint64_t t_sent = now_ns();
+  wait_for_stdin_eof();
+  uint64_t cpu = cpu_ns() - c0;
+  bus::net::NodeStats s = node.stats();
+  std::printf("result t0=%llu t_sent=%llu cpu=%llu published=%llu publish_dropped=%llu\n",
+              static_cast<unsigned long long>(t0), static_cast<unsigned long long>(t_sent),
+              static_cast<unsigned long long>(cpu), static_cast<unsigned long long>(s.published),
+              static_cast<unsigned long long>(s.publish_dropped));
+  std::fflush(stdout);
+  return 0;
+}
+
+int role_sub(const Args& a) {
+  const uint64_t n = a.num("count");
+  const std::size_t data_size = a.num("size") - 8;
+  const uint8_t last = pattern(data_size - 1);
+  bus::Bus bus(bus_options(a));
+  bus::net::Node node(bus, bus::net::NodeOptions()
+                               .name("bench-sub")
+                               .publish_on("tcp://127.0.0.1:*")
+                               .peer(a.str("endpoint")));
+  node.import_topic(kBlobs);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  // Handler state: touched by executor 0 only until `done` is set under `mu`.
+  uint64_t count = 0, sum = 0, out_of_order = 0, t_first = 0, t_last = 0, c_last = 0;
+  auto s = bus.subscribe(kBlobs, [&](const Blob& m) {
+    auto r = *m;
+    uint64_t seq = r.getSeq();
+    auto d = r.getData();
+    if (count == 0) t_first = now_ns();
+    if (seq != count + 1) ++out_of_order;
+    ++count;
+    sum += seq + (d.size() == data_size ? d[data_size - 1] : 0);
+    if (count == n) {
+      t_last = now_ns();
+      c_last = cpu_ns();
+      std::lock_guard lock(mu);
+      done = true;
+      cv.notify_one();
+    }
+  });
+  uint64_t c0 = cpu_ns();
+  ready();
+  bool finished;
+  {
+    std::unique_lock lock(mu);
+    finished = cv.wait_for(lock, 120s, [&] { return done; });
+  }
+  s.cancel();  // after this the handler's state is ours
+  auto t = node.stats().channel(kBlobs.name());
+  uint64_t expect = n * (n + 1) / 2 + n * last;
+  std::printf(
+      "result count=%llu ok=%d t_first=%llu t_last=%llu cpu=%llu gaps=%llu received=%llu "
+      "rejected=%llu out_of_order=%llu\n",
+      static_cast<unsigned long long>(count), finished && sum == expect && out_of_order == 0,
+      static_cast<unsigned long long>(t_first), static_cast<unsigned long long>(t_last),
+      static_cast<unsigned long long>(finished ? c_last - c0 : 0),
+      static_cast<unsigned long long>(t.gaps), static_cast<unsigned long long>(t.received),
+      static_cast<unsigned long long>(t.rejected), static_cast<unsigned long long>(out_of_order));
+  std::fflush(stdout);
+  return finished ? 0 : 1;
+}
+
+int role_server(const Args& a) {
+  bus::Bus bus(bus_options(a));
+  bus::net::Node node(bus, bus::net::NodeOptions()
+                               .name("bench-server")
+                               .publish_on(a.str("endpoint"))
+                               .requests_on("tcp://127.0.0.1:*"));
+  std::atomic<uint64_t> served{0};
+  auto s = bus.serve(kEcho, [&](Blob&& req) {
+    served.fetch_add(1, std::memory_order_relaxed);  // read after the executor stopped
+    return std::move(req);
+  });
+  node.export_endpoint(kEcho);
+  uint64_t c0 = cpu_ns();
+  ready();
+  wait_for_stdin_eof();
+  uint64_t cpu = cpu_ns() - c0;
+  bus::net::NodeStats st = node.stats();
+  node.stop();
+  // unroutable_replies: replies the node could not hand to its ROUTER (the requester gone, or
+  // the pipe back to it full): each is a request that its caller sees time out.
+  std::printf("result served=%llu cpu=%llu unroutable_replies=%llu\n",
+              static_cast<unsigned long long>(served.load(std::memory_order_relaxed)),
+              static_cast<unsigned long long>(cpu),
+              static_cast<unsigned long long>(st.unroutable_replies));
+  std::fflush(stdout);
+  return 0;
+}
+
+/// A client node that reaches the server's echo endpoint.
+struct Client {
+  bus::Bus bus;
+  bus::net::Node node;
+  explicit Client(const Args& a)
+      : bus(bus_options(a)),
+        node(bus, bus::net::NodeOptions()
+                      .name("bench-client")
+                      .publish_on("tcp://127.0.0.1:*")
+                      .peer(a.str("endpoint"))) {
+    node.import_endpoint(kEcho);
+    if (!node.wait_for_server(kEcho.name(), 30s)) fail("no server within 30 s");
+  }
+};
+
+double percentile(std::vector<uint64_t>& v, double p) {
+  std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(p * v.size()));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
+  return static_cast<double>(v[i]);
+}
+
+int role_rtt(const Args& a) {
+  uint64_t n = a.num("count"), warm = a.num("warmup", 1000);
+  BlobMaker maker(a.num("size"));
+  Client c(a);
+  std::vector<uint64_t> ns;
+  ns.reserve(n);
+  uint64_t bad = 0, c0 = 0;
+  for (uint64_t i = 1; i <= warm + n; ++i) {
+    if (i == warm + 1) c0 = cpu_ns();
+    Blob req = maker.make(i);
+    uint64_t t = now_ns();
+    absl::StatusOr<Blob> rep = c.bus.call(kEcho, std::move(req), 5s);
+    uint64_t dt = now_ns() - t;
+    if (!rep.ok()) fail("call: " + rep.status().ToString());
+    if ((*rep)->getSeq() != i) ++bad;
+    if (i > warm) ns.push_back(dt);
+  }
+  uint64_t cpu = cpu_ns() - c0;
+  uint64_t total = 0;
+  for (uint64_t x : ns) total += x;
+  double mean = static_cast<double>(total) / static_cast<double>(n);
+  double p50 = percentile(ns, 0.50), p99 = percentile(ns, 0.99), p999 = percentile(ns, 0.999);
+  std::printf("result count=%llu ok=%d p50=%.0f p99=%.0f p999=%.0f mean=%.0f cpu=%llu\n",
+              static_cast<unsigned long long>(n), bad == 0, p50, p99, p999, mean,
+              static_cast<unsigned long long>(cpu));
+  std::fflush(stdout);
+  return 0;
+}
+
+/// `window` requests in flight from executor 0: each reply issues the next request.
+class Pipeline {
+ public:
+  Pipeline(bus::Bus& bus, std::size_t size, uint64_t window, std::chrono::milliseconds timeout)
+      : bus_(bus), maker_(size), window_(window), timeout_(timeout) {}
+
+  /// Runs `n` requests through; returns the nanoseconds from the first request to the last
+  /// reply, and whether every reply was right.
+  std::pair<uint64_t, bool> run(uint64_t n) {
+    n_ = n;
+    issued_ = done_ = sum_ = failed_ = 0;
+    finished_ = false;
+    uint64_t t0 = 0;
+    absl::Status st = bus_.post(bus::on_executor(0), [this, &t0] {
+      t0 = now_ns();
+      for (uint64_t w = 0; w < window_ && issued_ < n_; ++w) issue();
+    });
+    if (!st.ok()) fail("post: " + st.ToString());
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, 120s, [&] { return finished_; })) fail("pipeline timed out");
+    if (failed_ > 0) {
+      std::fprintf(stderr, "bus_bridge_bus: pipe: %llu of %llu requests failed\n",
+                   static_cast<unsigned long long>(failed_), static_cast<unsigned long long>(n));
+    }
+    return {t_end_ - t0, failed_ == 0 && sum_ == n * (n + 1) / 2};
+  }
+
+ private:
+  void issue() {
+    bus_.request(kEcho, maker_.make(++issued_), timeout_, [this](absl::StatusOr<Blob> rep) {
+      if (rep.ok()) {
+        sum_ += (*rep)->getSeq();
+      } else if (++failed_ == 1) {
+        std::fprintf(stderr, "bus_bridge_bus: pipe: first failed request: %s\n",
+                     rep.status().ToString().c_str());
+      }
+      if (issued_ < n_) issue();
+      if (++done_ == n_) {
+        t_end_ = now_ns();
+        std::lock_guard lock(mu_);
+        finished_ = true;
+        cv_.notify_one();
+      }
+    });
+  }
+
+  bus::Bus& bus_;
+  BlobMaker maker_;
+  const uint64_t window_;
+  const std::chrono::milliseconds timeout_;
+  // Executor 0 only while a run is going; published to the waiting thread under mu_.
+  uint64_t n_ = 0, issued_ = 0, done_ = 0, sum_ = 0, failed_ = 0, t_end_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool finished_ = false;
+};
+
+int role_pipe(const Args& a) {
+  uint64_t n = a.num("count"), window = a.num("window", 1000);
+  uint64_t warm = a.num("warmup", std::max<uint64_t>(window, n / 10));
+  Client c(a);
+  // A request whose reply is lost fails at its deadline; a short one ends such a run sooner.
+  Pipeline p(c.bus, a.num("size"), window, std::chrono::milliseconds(a.num("timeout_ms", 30000)));
+  p.run(warm);
+  uint64_t c0 = cpu_ns();
+  auto [ns, ok] = p.run(n);
+  uint64_t cpu = cpu_ns() - c0;
+  bus::net::NodeStats st = c.node.stats();
+  std::printf("result count=%llu ok=%d ns=%llu cpu=%llu send_refused=%llu late_replies=%llu\n",
+              static_cast<unsigned long long>(n), ok, static_cast<unsigned long long>(ns),
+              static_cast<unsigned long long>(cpu),
+              static_cast<unsigned long long>(st.send_refused),
+              static_cast<unsigned long long>(st.late_replies));
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) fail("usage: bus_bridge_bus pub|sub|server|rtt|pipe key=value...");
+  Args a(argc, argv);
+  std::string role = argv[1];
+  if (role == "pub") return role_pub(a);
+  if (role == "sub") return role_sub(a);
+  if (role == "server") return role_server(a);
+  if (role == "rtt") return role_rtt(a);
+  if (role == "pipe") return role_pipe(a);
+  fail("unknown role " + role);
+}
