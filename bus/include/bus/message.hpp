@@ -8,9 +8,11 @@
 #include <capnp/serialize.h>
 #include <kj/array.h>
 
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,14 +72,36 @@ class Message {
   Message() : Message(typename S::Reader()) {}
   /// Copies `root` (and everything it points to) into a new message.
   explicit Message(Reader root) {
-    auto words = root.totalSize().wordCount + 1;  // + the root pointer
-    auto buf = kj::heapArray<capnp::word>(words + 1);
-    std::memset(buf.begin(), 0, buf.size() * sizeof(capnp::word));
-    auto* header = reinterpret_cast<uint32_t*>(buf.begin());
+    std::size_t words = root.totalSize().wordCount + 1;  // + the root pointer
+    // One allocation: the reference count and reader, then the stream header and the words.
+    void* mem = ::operator new(sizeof(State) + (words + 1) * sizeof(capnp::word));
+    auto* body = reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + sizeof(State));
+    std::memset(body, 0, (words + 1) * sizeof(capnp::word));
+    auto* header = reinterpret_cast<uint32_t*>(body);
     header[0] = 0;  // one segment
     header[1] = static_cast<uint32_t>(words);
-    capnp::copyToUnchecked(root, buf.slice(1, buf.size()));
-    state_ = std::make_shared<const State>(std::move(buf));
+    try {
+      capnp::copyToUnchecked(root, kj::arrayPtr(body + 1, words));
+    } catch (...) {
+      ::operator delete(mem);
+      throw;
+    }
+    state_ = ::new (mem) State{{1}, capnp::readMessageUnchecked<S>(body + 1), words + 1};
+  }
+  Message(const Message& o) noexcept : state_(o.state_) {
+    if (state_) state_->refs.fetch_add(1, std::memory_order_relaxed);  // a new owner only
+  }
+  Message(Message&& o) noexcept : state_(std::exchange(o.state_, nullptr)) {}
+  Message& operator=(Message o) noexcept {
+    std::swap(state_, o.state_);
+    return *this;
+  }
+  ~Message() {
+    // acq_rel: the last owner must see every other owner's reads done before it frees.
+    if (state_ && state_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      state_->~State();
+      ::operator delete(state_);
+    }
   }
 
   const Reader* operator->() const { return &state_->root; }
@@ -86,17 +110,19 @@ class Message {
 
   /// The message in Cap'n Proto's stream framing (what `capnp decode` and every Cap'n Proto
   /// library read).
-  kj::ArrayPtr<const capnp::word> words() const { return state_->words.asPtr(); }
+  kj::ArrayPtr<const capnp::word> words() const {
+    return kj::arrayPtr(reinterpret_cast<const capnp::word*>(state_ + 1), state_->words);
+  }
   kj::ArrayPtr<const kj::byte> bytes() const { return words().asBytes(); }
 
  private:
-  struct State {
-    explicit State(kj::Array<capnp::word> w)
-        : words(std::move(w)), root(capnp::readMessageUnchecked<S>(words.begin() + 1)) {}
-    kj::Array<capnp::word> words;
+  struct alignas(capnp::word) State {
+    std::atomic<uint32_t> refs;
     Reader root;
+    std::size_t words;  // stream header included; they follow this struct
   };
-  std::shared_ptr<const State> state_;
+  static_assert(sizeof(State) % sizeof(capnp::word) == 0, "the words after State stay aligned");
+  State* state_ = nullptr;
 };
 
 /// Builds a Message<S>: `fill(S::Builder)` sets the fields.
