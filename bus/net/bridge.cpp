@@ -26,6 +26,8 @@ constexpr int kLingerMs = 1000;
 constexpr std::size_t kMaxPeerBacklog = 1 << 16;
 constexpr std::size_t kPauseBacklog = 1024;
 constexpr int kPipeHwm = 10000;
+// Senders whose sequence numbers are tracked before unknown ones are dropped.
+constexpr std::size_t kMaxSenders = 1024;
 // How long the loop keeps polling without blocking after its last work.
 constexpr auto kSpin = std::chrono::microseconds(50);
 
@@ -213,6 +215,14 @@ void Bridge::connect(const Peer& p) {
       throw std::invalid_argument(
           absl::StrCat("bus.net: CURVE is on but peer ", p.endpoint,
                        " has no public key: give it as NodeOptions::peer(endpoint, public_key)"));
+    }
+    if (!allowed(p.public_key)) {
+      // The allowlist holds both ways: a peer we would not let in, we do not listen to either.
+      ++counters_.auth_denied;
+      log_once(absl::StrCat("peer-key:", p.public_key),
+               absl::StrCat("not listening to peer ", p.endpoint, ": its key '", p.public_key,
+                            "' is not in the allowlist"));
+      return;
     }
     sub_->set(zmq::sockopt::curve_serverkey, p.public_key);
   }
@@ -476,10 +486,15 @@ void Bridge::on_sub(Parts& parts) {
 }
 
 void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads) {
-  ChannelTraffic& t = traffic(ch.name, env.sender);
+  ChannelTraffic& t = traffic(ch.name, known(env.sender));
   // Per-sender sequence numbers: what was skipped was lost on the way (at-most-once), and is
   // counted rather than silent. A rejected frame
   // advances them too: it arrived.
+  if (next_seq_.size() >= kMaxSenders && !next_seq_.contains(env.sender)) {
+    // Bounded: senders this node does not hear heartbeats from (a queue sender it does not
+    // listen to, or made-up ids) are forgotten first.
+    absl::erase_if(next_seq_, [&](const auto& e) { return !peers_.contains(e.first); });
+  }
   uint64_t& expected = next_seq_[env.sender][ch.name];
   if (expected != 0 && env.seq > expected) t.gaps += env.seq - expected;
   if (env.seq + env.count > expected) expected = env.seq + env.count;
@@ -555,7 +570,7 @@ void Bridge::on_router(Parts& parts) {
     return;
   }
   if (!request) return deliver(ch, *env, payloads);
-  ChannelTraffic& t = traffic(name, env->sender);
+  ChannelTraffic& t = traffic(name, known(env->sender));
   if (env->type_id != ch.type_id) {
     ++t.rejected;
     reply(ch, call,
@@ -674,6 +689,13 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
       next_heartbeat_ = Clock::now();
       return;
     }
+    if (opt_.secure() && !peers_.contains(id) && !allowed(hb.getPublicKey().cStr())) {
+      ++counters_.auth_denied;
+      log_once(absl::StrCat("hb-key:", hb.getPublicKey().cStr()),
+               absl::StrCat("ignoring node '", hb.getName().cStr(), "': its key '",
+                            hb.getPublicKey().cStr(), "' is not in the allowlist"));
+      return;
+    }
     auto [it, fresh] = peers_.try_emplace(id);
     PeerState& p = it->second;
     p.last_seen = Clock::now();
@@ -694,18 +716,6 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
       p.name = hb.getName().cStr();
       p.request_endpoint = hb.getRequestEndpoint().cStr();
       p.public_key = hb.getPublicKey().cStr();
-      // A node that restarted on the same address is a new node: the old one is gone.
-      std::vector<uint64_t> replaced;
-      for (auto& [other, q] : peers_) {
-        if (other != id && !p.request_endpoint.empty() &&
-            q.request_endpoint == p.request_endpoint) {
-          replaced.push_back(other);
-        }
-      }
-      for (uint64_t other : replaced) {
-        forget_peer(other, absl::AbortedError(
-                               absl::StrCat("bus.net: peer gone: node '", p.name, "' restarted")));
-      }
       if (!p.request_endpoint.empty()) {
         p.dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
         p.dealer->set(zmq::sockopt::linger, 0);
@@ -728,6 +738,20 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
         }
       }
       next_heartbeat_ = Clock::now();  // answer a newcomer at once: it learns about us sooner
+      // A node that restarted on the same address is a new node: the old one is gone. (After
+      // the new one's dealer exists, so the endpoint stays routable throughout.)
+      std::vector<uint64_t> replaced;
+      for (auto& [other, q] : peers_) {
+        if (other != id && !p.request_endpoint.empty() &&
+            q.request_endpoint == p.request_endpoint) {
+          replaced.push_back(other);
+        }
+      }
+      std::string name = p.name;  // forget_peer() may move the table
+      for (uint64_t other : replaced) {
+        forget_peer(other, absl::AbortedError(
+                               absl::StrCat("bus.net: peer gone: node '", name, "' restarted")));
+      }
     }
     if (changed) update_reachability();
   } catch (const kj::Exception& e) {
@@ -989,7 +1013,7 @@ void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& s
   parts.emplace_back(channel.name.data(), channel.name.size());
   parts.emplace_back(e.data(), e.size());
   parts.emplace_back(payload.data(), payload.size());
-  ++traffic(channel.name, to.peer).sent;
+  ++traffic(channel.name, known(to.peer)).sent;
   if (reply_backlog_.size() >= kMaxPeerBacklog) {
     ++counters_.unroutable_replies;
     return;
@@ -1113,8 +1137,9 @@ void Bridge::update_reachability() {
     if (!reachable) {
       for (auto& [id, p] : peers_) {
         for (const auto& s : p.serves) {
-          if (s.name == ch->name) {
-            log_once(absl::StrCat("serves-type:", ch->name, ":", id),
+          if (s.name == ch->name &&
+              (s.type_id != ch->type_id || (endpoint && s.reply_type_id != ch->reply_type_id))) {
+            log_once(absl::StrCat("serves-type:", ch->name),
                      absl::StrCat("node '", p.name, "' serves '", ch->name,
                                   "' with other types than this node: not routing to it"));
           }
@@ -1136,6 +1161,15 @@ void Bridge::sweep_pending() {
 }
 
 // ---- observation ---------------------------------------------------------------------------
+
+bool Bridge::allowed(const std::string& key) const {
+  for (const auto& k : opt_.allow()) {
+    if (k == key) return true;
+  }
+  return false;
+}
+
+uint64_t Bridge::known(uint64_t sender) const { return peers_.contains(sender) ? sender : 0; }
 
 ChannelTraffic& Bridge::traffic(const std::string& channel, uint64_t peer) {
   auto [it, fresh] = traffic_.try_emplace(std::make_pair(channel, peer));

@@ -144,6 +144,9 @@ class Bridge final : public Link {
   PeerState* pick_peer(const Bridged& ch, bool endpoint);
   void sweep_pending();
 
+  /// `sender` if it is a live peer, else 0 (rows for unknown senders are folded together).
+  uint64_t known(uint64_t sender) const;
+  bool allowed(const std::string& public_key) const;
   ChannelTraffic& traffic(const std::string& channel, uint64_t peer);
   void log_once(const std::string& key, const std::string& what);
   void malformed(absl::string_view from, const absl::Status& why);

@@ -150,8 +150,8 @@ absl::Status Payloads::parse(const void* bytes, std::size_t size, uint32_t count
 
 namespace bus::detail {
 namespace {
-// 1 KiB covers most messages: building them allocates nothing.
-constexpr std::size_t kScratchWords = 128;
+// 8 KiB (a default MallocMessageBuilder's first segment) covers most messages.
+constexpr std::size_t kScratchWords = 1024;
 thread_local capnp::word tls_scratch[kScratchWords];
 thread_local bool tls_scratch_busy = false;
 }  // namespace

@@ -1,0 +1,315 @@
+// bus_fixture_node: one bridge node in a process of its own, for the integration tests. Flags
+// set it up; each line on stdin is a command, answered by one line on stdout:
+//
+//   $ bus_fixture_node --name=server --serve --heartbeat-ms=50
+//   ready id=4711 publish=tcp://127.0.0.1:40001 requests=tcp://127.0.0.1:40002
+//   report
+//   report received=0 sum=0 handled=0 readings.gaps=0 ...
+//
+// Answers are `word key=value ...` (values never hold spaces). The node stops at "quit" or when
+// stdin closes, and the process dies with its parent (PR_SET_PDEATHSIG), so a test that crashes
+// leaves nothing behind.
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_split.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <bus/net/node.hpp>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "integration/channels.hpp"
+#include "support/test_support.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: bus_fixture_node [flags]\n"
+    "  --name=N                 node name (also the sensor of its readings)\n"
+    "  --publish-on=EP          publisher endpoint (default tcp://127.0.0.1:*)\n"
+    "  --requests-on=EP         request endpoint (default tcp://127.0.0.1:*)\n"
+    "  --advertise=EP           request endpoint told to peers\n"
+    "  --peer=EP[,KEY]          a node to listen to (repeatable)\n"
+    "  --heartbeat-ms=N --dead-after=N --stall-limit-ms=N\n"
+    "  --curve-public=K --curve-secret=K --allow=K (repeatable)\n"
+    "  --export-readings        publish readings (command: publish)\n"
+    "  --import-readings        subscribe to readings (command: report)\n"
+    "  --export-mistyped-readings  publish StatsRequests under the readings name\n"
+    "  --serve                  serve the stats endpoint\n"
+    "  --hold-requests          the stats handler waits for the command 'release'\n"
+    "  --import-stats           call the stats endpoint (command: call)\n"
+    "  --import-mistyped-stats  call the stats name with a Reading request (command: call)\n"
+    "  --parent=PID             exit at once if PID is no longer the parent\n";
+
+struct Flags {
+  std::string name = "node";
+  std::string publish_on = "tcp://127.0.0.1:*";
+  std::string requests_on = "tcp://127.0.0.1:*";
+  std::string advertise;
+  std::vector<bus::net::Peer> peers;
+  long heartbeat_ms = 50;
+  // Generous: a node under a sanitizer on a busy machine may miss a few beats while alive.
+  long dead_after = 100;
+  long stall_limit_ms = 60'000;
+  bus::net::CurveKeys curve;
+  std::vector<std::string> allow;
+  bool export_readings = false, import_readings = false, export_mistyped = false;
+  bool serve = false, hold = false, import_stats = false, import_mistyped = false;
+  long parent = 0;
+};
+
+std::optional<Flags> parse(int argc, char** argv) {
+  Flags f;
+  const std::map<std::string_view, std::string*> text = {{"--name", &f.name},
+                                                         {"--publish-on", &f.publish_on},
+                                                         {"--requests-on", &f.requests_on},
+                                                         {"--advertise", &f.advertise},
+                                                         {"--curve-public", &f.curve.public_key},
+                                                         {"--curve-secret", &f.curve.secret_key}};
+  const std::map<std::string_view, long*> numbers = {{"--heartbeat-ms", &f.heartbeat_ms},
+                                                     {"--dead-after", &f.dead_after},
+                                                     {"--stall-limit-ms", &f.stall_limit_ms},
+                                                     {"--parent", &f.parent}};
+  const std::map<std::string_view, bool*> switches = {
+      {"--export-readings", &f.export_readings},
+      {"--import-readings", &f.import_readings},
+      {"--export-mistyped-readings", &f.export_mistyped},
+      {"--serve", &f.serve},
+      {"--hold-requests", &f.hold},
+      {"--import-stats", &f.import_stats},
+      {"--import-mistyped-stats", &f.import_mistyped}};
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    std::string_view key = arg, value;
+    if (auto eq = arg.find('='); eq != std::string_view::npos) {
+      key = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+    }
+    if (auto t = text.find(key); t != text.end()) {
+      *t->second = value;
+    } else if (auto n = numbers.find(key); n != numbers.end()) {
+      *n->second = std::stol(std::string(value));
+    } else if (auto s = switches.find(key); s != switches.end()) {
+      *s->second = true;
+    } else if (key == "--peer") {
+      std::vector<std::string> p = absl::StrSplit(std::string(value), absl::MaxSplits(',', 1));
+      f.peers.push_back({p[0], p.size() > 1 ? p[1] : ""});
+    } else if (key == "--allow") {
+      f.allow.emplace_back(value);
+    } else {
+      std::fprintf(stderr, "bus_fixture_node: unknown flag %s\n%s", argv[i], kUsage);
+      return std::nullopt;
+    }
+  }
+  if ((f.export_readings || f.import_readings) && f.export_mistyped) {
+    std::fprintf(stderr, "bus_fixture_node: readings and mistyped readings exclude each other\n");
+    return std::nullopt;
+  }
+  if ((f.serve || f.import_stats) && f.import_mistyped) {
+    std::fprintf(stderr, "bus_fixture_node: stats and mistyped stats exclude each other\n");
+    return std::nullopt;
+  }
+  return f;
+}
+
+void say(const std::string& line) {
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+/// What arrived on the readings topic, per sensor.
+struct Received {
+  std::mutex mu;
+  uint64_t count = 0;
+  uint64_t seq_sum = 0;
+  std::map<std::string, uint64_t> by_sensor;
+};
+
+/// Calls of one endpoint: how many answered, who answered, and the last failure.
+struct CallResult {
+  uint64_t ok = 0, failed = 0;
+  int code = 0;
+  std::map<std::string, uint64_t> served_by;
+};
+
+template <class Req, class Rep>
+CallResult call(bus::Bus& bus, const bus::Endpoint<Req, Rep>& ep, const Req& req, long n,
+                std::chrono::milliseconds timeout) {
+  CallResult r;
+  for (long i = 0; i < n; ++i) {
+    absl::StatusOr<integ::StatsReply> rep = bus.call(ep, Req(req), timeout);
+    if (rep.ok()) {
+      ++r.ok;
+      auto sensors = (*rep)->getSensors();
+      if (sensors.size() > 0) ++r.served_by[sensors[0].getSensor().cStr()];
+    } else {
+      ++r.failed;
+      r.code = static_cast<int>(rep.status().code());
+      std::fprintf(stderr, "bus_fixture_node: call failed: %s\n", rep.status().ToString().c_str());
+    }
+  }
+  return r;
+}
+
+std::string describe(const CallResult& r) {
+  std::string s = absl::StrCat("called ok=", r.ok, " failed=", r.failed, " code=", r.code);
+  for (const auto& [name, n] : r.served_by) absl::StrAppend(&s, " served_by.", name, "=", n);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Dies with the test that started it, even when that test is killed.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  std::optional<Flags> flags = parse(argc, argv);
+  if (!flags) return 2;
+  if (flags->parent != 0 && getppid() != flags->parent) return 3;  // it died before prctl
+  const Flags& f = *flags;
+
+  bus::Bus bus{bus::Options().executors(2)};
+  auto options =
+      bus::net::NodeOptions()
+          .name(f.name)
+          .publish_on(f.publish_on)
+          .requests_on(f.requests_on)
+          .heartbeat(std::chrono::milliseconds(f.heartbeat_ms), static_cast<unsigned>(f.dead_after))
+          .send_stall_limit(std::chrono::milliseconds(f.stall_limit_ms));
+  if (!f.advertise.empty()) options.advertise(f.advertise);
+  if (!f.curve.secret_key.empty()) options.curve(f.curve, f.allow);
+  for (const auto& p : f.peers) options.peer(p.endpoint, p.public_key);
+
+  Received received;
+  std::atomic<uint64_t> handled{0};
+  bus_test::Gate gate;
+  std::vector<bus::Subscription> subs;
+  std::optional<bus::net::Node> node;
+  try {
+    node.emplace(bus, std::move(options));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bus_fixture_node: %s\n", e.what());
+    return 4;
+  }
+
+  if (f.import_readings) {
+    subs.push_back(bus.subscribe(integ::readings(), [&](const integ::Reading& r) {
+      std::lock_guard lock(received.mu);
+      ++received.count;
+      received.seq_sum += r->getSeq();
+      ++received.by_sensor[r->getSensor().cStr()];
+    }));
+    node->import_topic(integ::readings());
+  }
+  if (f.export_readings) node->export_topic(integ::readings());
+  if (f.export_mistyped) node->export_topic(integ::mistyped_readings());
+  if (f.serve) {
+    subs.push_back(bus.serve(integ::stats(), [&](integ::StatsRequest&&) {
+      uint64_t n = handled.fetch_add(1) + 1;
+      if (f.hold) gate.wait();
+      return bus::build<demo::StatsReply>([&](demo::StatsReply::Builder r) {
+        r.setReadings(n);
+        r.initSensors(1)[0].setSensor(f.name);  // who answered
+      });
+    }));
+    node->export_endpoint(integ::stats());
+  }
+  if (f.import_stats) node->import_endpoint(integ::stats());
+  if (f.import_mistyped) node->import_endpoint(integ::mistyped_stats());
+
+  say(absl::StrCat("ready id=", node->id(), " publish=", node->publish_endpoint(), " requests=",
+                   node->request_endpoint().empty() ? "-" : node->request_endpoint()));
+
+  uint64_t next_seq = 0;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::vector<std::string> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (w.empty()) continue;
+    const std::string& cmd = w[0];
+    auto arg = [&](std::size_t i, long fallback) {
+      return w.size() > i ? std::stol(w[i]) : fallback;
+    };
+    auto bound = [&](std::size_t i) { return std::chrono::milliseconds(arg(i, 60'000)); };
+    if (cmd == "quit") {
+      break;
+    } else if (cmd == "peer" && w.size() >= 2) {
+      node->peer(w[1], w.size() > 2 ? w[2] : "");
+      say("peered");
+    } else if (cmd == "wait-subscribers") {
+      (void)node->wait_for_subscribers(integ::kReadings, static_cast<std::size_t>(arg(1, 1)),
+                                       bound(2));
+      say(absl::StrCat("subscribers n=", node->subscribers(integ::kReadings)));
+    } else if (cmd == "wait-server") {
+      say(absl::StrCat("server ok=", node->wait_for_server(integ::kStats, bound(1)) ? 1 : 0));
+    } else if (cmd == "wait-peers") {
+      std::size_t want = static_cast<std::size_t>(arg(1, 1));
+      (void)bus_test::eventually([&] { return node->peers().size() >= want; }, bound(2));
+      say(absl::StrCat("peers n=", node->peers().size()));
+    } else if (cmd == "wait-handled") {
+      uint64_t want = static_cast<uint64_t>(arg(1, 1));
+      (void)bus_test::eventually([&] { return handled.load() >= want; }, bound(2));
+      say(absl::StrCat("handled n=", handled.load()));
+    } else if (cmd == "release") {
+      gate.open();
+      say("released");
+    } else if (cmd == "publish") {
+      long n = arg(1, 1);
+      uint64_t refused = 0;
+      for (long i = 0; i < n; ++i) {
+        uint64_t seq = ++next_seq;
+        absl::Status st = f.export_mistyped
+                              ? bus.publish(integ::mistyped_readings(), integ::ask(f.name))
+                              : bus.publish(integ::readings(), integ::reading(f.name, seq));
+        if (!st.ok()) ++refused;
+      }
+      say(absl::StrCat("published n=", n, " refused=", refused));
+    } else if (cmd == "call") {
+      auto timeout = std::chrono::milliseconds(arg(2, 30'000));
+      CallResult r =
+          f.import_mistyped
+              ? call(bus, integ::mistyped_stats(), integ::reading(f.name, 1), arg(1, 1), timeout)
+              : call(bus, integ::stats(), integ::ask(f.name), arg(1, 1), timeout);
+      say(describe(r));
+    } else if (cmd == "report") {
+      bus::net::NodeStats st = node->stats();
+      auto rd = st.channel(integ::kReadings);
+      auto sv = st.channel(integ::kStats);
+      std::string s = absl::StrCat("report handled=", handled.load());
+      {
+        std::lock_guard lock(received.mu);
+        absl::StrAppend(&s, " received=", received.count, " sum=", received.seq_sum);
+        for (const auto& [sensor, n] : received.by_sensor) {
+          absl::StrAppend(&s, " sensor.", sensor, "=", n);
+        }
+      }
+      absl::StrAppend(&s, " readings.received=", rd.received, " readings.gaps=", rd.gaps,
+                      " readings.rejected=", rd.rejected, " stats.sent=", sv.sent,
+                      " stats.received=", sv.received, " stats.rejected=", sv.rejected);
+      absl::StrAppend(&s, " published=", st.published, " publish_dropped=", st.publish_dropped,
+                      " auth_denied=", st.auth_denied, " malformed=", st.malformed_frames,
+                      " peers=", st.peers.size());
+      for (const auto& p : st.peers) absl::StrAppend(&s, " peer.", p.name, "=1");
+      say(s);
+    } else {
+      say(absl::StrCat("error unknown-command=", cmd));
+    }
+  }
+  gate.open();  // a held handler must return for the bus to stop
+  node->stop();
+  subs.clear();
+  node.reset();
+  (void)bus.stop();
+  say("bye");
+  return 0;
+}
