@@ -1,6 +1,7 @@
 // The installed bridge: a node, a Cap'n Proto message type from the installed schemas.
-#include <bus/net/node.hpp>
 #include <bus/schemas/demo.capnp.h>
+
+#include <bus/net/node.hpp>
 #include <cstdio>
 
 using Reading = bus::Message<demo::Reading>;
