@@ -4,6 +4,7 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/container/flat_hash_set.h>
 #include <absl/functional/any_invocable.h>
+#include <absl/strings/str_cat.h>
 
 #include <atomic>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +23,50 @@
 #include "wire.hpp"
 
 namespace bus::net::detail {
+
+// ---- tuning and small helpers shared by bridge*.cpp ------------------------------------------
+using std::chrono::duration_cast;
+using std::chrono::microseconds;
+using std::chrono::milliseconds;
+
+// A topic batch is handed to ZeroMQ once it reaches this size (or when the drain that filled
+// it ends): one frame carries many messages, which is what beats one-message-per-frame ZeroMQ.
+inline constexpr std::size_t kMaxBatchBytes = 32 * 1024;
+// Messages read from one socket before the loop looks at the others (fairness).
+inline constexpr int kReadBudget = 256;
+inline constexpr int kLingerMs = 1000;
+// Messages kept per peer while its pipe is full, and the total at which local input pauses.
+inline constexpr std::size_t kMaxPeerBacklog = 1 << 16;
+inline constexpr std::size_t kPauseBacklog = 1024;
+inline constexpr int kPipeHwm = 10000;
+// Senders whose sequence numbers are tracked before unknown ones are dropped.
+inline constexpr std::size_t kMaxSenders = 1024;
+// How long the loop keeps polling without blocking after its last work.
+inline constexpr auto kSpin = std::chrono::microseconds(50);
+
+inline uint64_t random_id() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
+  return v;
+}
+
+// absl::string_view: Debian's Abseil does not alias it to std::string_view, and its hash maps
+// look it up without a copy.
+inline absl::string_view view(const zmq::message_t& m) {
+  return {static_cast<const char*>(m.data()), m.size()};
+}
+
+inline absl::Status status_from(uint16_t code, std::string detail) {
+  if (code > static_cast<uint16_t>(absl::StatusCode::kUnauthenticated)) code = 2;  // unknown
+  return absl::Status(static_cast<absl::StatusCode>(code), detail);
+}
+
+inline std::string z85(const void* key32) {
+  char out[41];
+  zmq_z85_encode(out, static_cast<const uint8_t*>(key32), 32);
+  return out;
+}
 
 struct ChannelDesc {
   std::string name;

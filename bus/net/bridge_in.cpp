@@ -1,0 +1,348 @@
+#include <absl/strings/str_cat.h>
+#include <capnp/serialize.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+
+#include "bridge.hpp"
+
+namespace bus::net::detail {
+
+// ---- incoming ------------------------------------------------------------------------------
+
+bool Bridge::recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts) {
+  parts.clear();
+  zmq::message_t m;
+  if (!s.recv(m, zmq::recv_flags::dontwait)) return false;
+  bool more = m.more();
+  parts.push_back(std::move(m));
+  // No bus message has more than 4 parts (identity, channel, envelope, payloads): keep at most
+  // `max_parts` so a peer cannot make us hold an unbounded list; the caller rejects the rest.
+  while (more) {
+    zmq::message_t next;
+    if (!s.recv(next, zmq::recv_flags::none)) break;  // the rest of a multipart is already here
+    more = next.more();
+    if (parts.size() < max_parts) parts.push_back(std::move(next));
+  }
+  return true;
+}
+
+void Bridge::malformed(absl::string_view from, const absl::Status& why) {
+  ++counters_.malformed_frames;
+  log_once(absl::StrCat("malformed:", from),
+           absl::StrCat("dropped a malformed frame from the ", from, " socket: ", why.message()));
+}
+
+void Bridge::on_sub(Parts& parts) {
+  if (parts.size() != 3)
+    return malformed("subscriber",
+                     absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 3")));
+  absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[1].data(), parts[1].size());
+  if (!env.ok()) return malformed("subscriber", env.status());
+  if (env->sender == id_) return;
+  absl::string_view name = view(parts[0]);
+  Payloads& payloads = payloads_;
+  if (absl::Status st = payloads.parse(parts[2].data(), parts[2].size(), env->count, limits_);
+      !st.ok()) {
+    if (st.code() == absl::StatusCode::kResourceExhausted) {
+      ++counters_.oversized;
+      log_once(absl::StrCat("oversized:", name),
+               absl::StrCat("dropped oversized messages on '", name, "': ", st.message()));
+      return;
+    }
+    return malformed("subscriber", st);
+  }
+  if (env->kind == wire::Envelope::Kind::HEARTBEAT && name == absl::string_view(kHeartbeatTopic)) {
+    if (env->count == 1) on_heartbeat(*env, payloads.items()[0]);
+    return;
+  }
+  if (env->kind != wire::Envelope::Kind::PUBLISH) {
+    return malformed("subscriber", absl::InvalidArgumentError("not a publish"));
+  }
+  auto it = import_topics_.find(name);
+  if (it == import_topics_.end()) {
+    // A longer name that shares our subscription's prefix: ZeroMQ filters by prefix only.
+    ++counters_.unknown_channel;
+    return;
+  }
+  deliver(*it->second, *env, payloads);
+}
+
+void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads) {
+  ChannelTraffic& t = traffic(ch.name, known(env.sender));
+  // Per-sender sequence numbers: what was skipped was lost on the way (at-most-once), and is
+  // counted rather than silent. A rejected frame
+  // advances them too: it arrived.
+  if (next_seq_.size() >= kMaxSenders && !next_seq_.contains(env.sender)) {
+    // Bounded: senders this node does not hear heartbeats from (a queue sender it does not
+    // listen to, or made-up ids) are forgotten first.
+    absl::erase_if(next_seq_, [&](const auto& e) { return !peers_.contains(e.first); });
+  }
+  uint64_t& expected = next_seq_[env.sender][ch.name];
+  if (expected != 0 && env.seq > expected) t.gaps += env.seq - expected;
+  if (env.seq + env.count > expected) expected = env.seq + env.count;
+  if (env.type_id != ch.type_id) {
+    t.rejected += env.count;
+    auto peer = peers_.find(env.sender);
+    log_once(absl::StrCat("type:", ch.name, ":", env.sender),
+             absl::StrCat("rejected messages on '", ch.name, "' from node ",
+                          peer != peers_.end() ? peer->second.name : "?", " (", env.sender,
+                          "): their type id is ", absl::Hex(env.type_id), ", this node's is ",
+                          absl::Hex(ch.type_id), " (the two programs disagree on the type)"));
+    return;
+  }
+  for (auto payload : payloads.items()) {
+    if (absl::Status st = ch.deliver(*this, payload); !st.ok()) {
+      ++t.rejected;
+      log_once(absl::StrCat("decode:", ch.name),
+               absl::StrCat("rejected a message on '", ch.name, "': ", st.message()));
+    } else {
+      ++t.received;
+    }
+  }
+}
+
+void Bridge::on_router(Parts& parts) {
+  if (parts.size() != 4)
+    return malformed("request",
+                     absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 4")));
+  absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[2].data(), parts[2].size());
+  if (!env.ok()) return malformed("request", env.status());
+  std::string name(view(parts[1]));
+  RemoteCall call{std::string(view(parts[0])), env->correlation, env->sender};
+  bool request = env->kind == wire::Envelope::Kind::REQUEST;
+  if (!request && env->kind != wire::Envelope::Kind::SEND) {
+    return malformed("request", absl::InvalidArgumentError("neither a request nor a send"));
+  }
+  auto& table = request ? export_endpoints_ : export_queues_;
+  auto it = table.find(name);
+  if (it == table.end()) {
+    ++counters_.unknown_channel;
+    log_once(absl::StrCat("unexported:", name),
+             absl::StrCat("node ", env->sender, " sent to '", name,
+                          "', which this node does not export"));
+    if (request) {
+      EnvelopeFields r;
+      r.kind = wire::Envelope::Kind::REPLY;
+      r.sender = id_;
+      r.correlation = env->correlation;
+      r.code = static_cast<uint16_t>(absl::StatusCode::kUnavailable);
+      r.detail = absl::StrCat("bus.net: '", name, "' is not exported by node ", opt_.name());
+      zmq::message_t id(parts[0].data(), parts[0].size());
+      try {
+        if (router_->send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+          send_parts(*router_, name, r, {});
+        }
+      } catch (const zmq::error_t&) {
+        ++counters_.unroutable_replies;
+      }
+    }
+    return;
+  }
+  Bridged& ch = *it->second;
+  Payloads& payloads = payloads_;
+  absl::Status st = payloads.parse(parts[3].data(), parts[3].size(), env->count, limits_);
+  if (st.ok() && request && env->count != 1) st = absl::InvalidArgumentError("request count != 1");
+  if (!st.ok()) {
+    if (st.code() == absl::StatusCode::kResourceExhausted) {
+      ++counters_.oversized;
+    } else {
+      malformed("request", st);
+    }
+    if (request) reply(ch, call, st, {});  // ResourceExhausted (oversized) or InvalidArgument
+    return;
+  }
+  if (!request) return deliver(ch, *env, payloads);
+  ChannelTraffic& t = traffic(name, known(env->sender));
+  if (env->type_id != ch.type_id) {
+    ++t.rejected;
+    reply(ch, call,
+          absl::InvalidArgumentError(absl::StrCat("bus.net: request type id ",
+                                                  absl::Hex(env->type_id), " is not the type of '",
+                                                  name, "' here (", absl::Hex(ch.type_id), ")")),
+          {});
+    return;
+  }
+  ++t.received;
+  // Bounded: a peer may send any 64-bit value (UINT64_MAX for "no deadline", say).
+  constexpr uint64_t kMaxTimeoutUs = uint64_t{24} * 3600 * 1'000'000;
+  ch.serve(*this, std::move(call), payloads.items()[0],
+           microseconds(std::min(env->timeout_us, kMaxTimeoutUs)));
+}
+
+void Bridge::on_dealer(Parts& parts) {
+  if (parts.size() != 3)
+    return malformed("reply",
+                     absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 3")));
+  absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[1].data(), parts[1].size());
+  if (!env.ok()) return malformed("reply", env.status());
+  if (env->kind != wire::Envelope::Kind::REPLY) {
+    return malformed("reply", absl::InvalidArgumentError("not a reply"));
+  }
+  auto it = pending_.find(env->correlation);
+  if (it == pending_.end()) {
+    ++counters_.late_replies;  // its deadline passed, or its node was given up on
+    return;
+  }
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  ChannelTraffic& t = traffic(p.channel->name, p.peer);
+  if (env->code != 0) {
+    ++t.received;
+    p.call->finish(status_from(env->code, env->detail), {});
+    return;
+  }
+  Payloads& payloads = payloads_;
+  absl::Status st = payloads.parse(parts[2].data(), parts[2].size(), 1, limits_);
+  if (st.ok() && env->type_id != p.channel->reply_type_id) {
+    st = absl::InvalidArgumentError(absl::StrCat("reply type id ", absl::Hex(env->type_id),
+                                                 " is not the endpoint's (",
+                                                 absl::Hex(p.channel->reply_type_id), ")"));
+  }
+  if (!st.ok()) {
+    ++t.rejected;
+    p.call->finish(absl::InternalError(absl::StrCat("bus.net: bad reply from node ", p.peer,
+                                                    " on '", p.channel->name, "': ", st.message())),
+                   {});
+    return;
+  }
+  ++t.received;
+  p.call->finish(absl::OkStatus(), payloads.items()[0]);
+}
+
+void Bridge::on_xpub(const zmq::message_t& m) {
+  if (m.size() < 1) return;
+  const char* d = static_cast<const char*>(m.data());
+  std::string topic(d + 1, m.size() - 1);
+  if (d[0] == 1) {
+    ++subscribers_[topic];
+    // A node just subscribed to heartbeats: tell it about us now rather than a period later.
+    if (topic == kHeartbeatTopic) next_heartbeat_ = Clock::now();
+  } else if (d[0] == 0) {
+    auto it = subscribers_.find(topic);
+    if (it != subscribers_.end() && --it->second == 0) subscribers_.erase(it);
+  }
+}
+
+void Bridge::on_zap() {
+  // ZAP (RFC 27): version, request id, domain, address, identity, mechanism, credentials.
+  for (;;) {
+    Parts parts;
+    if (!recv(*zap_, parts, 8)) return;
+    std::string status = "400", text = "not allowed";
+    std::string key;
+    if (parts.size() >= 7 && view(parts[5]) == "CURVE" && parts[6].size() == 32) {
+      key = z85(parts[6].data());
+      for (const auto& k : opt_.allow()) {
+        if (k == key) {
+          status = "200";
+          text = "OK";
+        }
+      }
+    }
+    if (status != "200") {
+      ++counters_.auth_denied;
+      log_once(absl::StrCat("zap:", key),
+               absl::StrCat("refused a connection from key '", key, "': not in the allowlist"));
+    }
+    std::string request_id = parts.size() > 1 ? std::string(view(parts[1])) : "";
+    zap_->send(zmq::buffer(std::string_view("1.0")), zmq::send_flags::sndmore);
+    zap_->send(zmq::buffer(request_id), zmq::send_flags::sndmore);
+    zap_->send(zmq::buffer(status), zmq::send_flags::sndmore);
+    zap_->send(zmq::buffer(text), zmq::send_flags::sndmore);
+    zap_->send(zmq::buffer(key), zmq::send_flags::sndmore);
+    zap_->send(zmq::message_t(), zmq::send_flags::none);
+  }
+}
+
+void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::word> payload) {
+  try {
+    capnp::FlatArrayMessageReader reader(payload, reader_options(limits_));
+    auto hb = reader.getRoot<wire::Heartbeat>();
+    uint64_t id = hb.getNode();
+    if (id != env.sender || id == id_) return;
+    for (uint64_t acked : hb.getGoodbyes()) {
+      if (acked == id_) goodbye_acks_.insert(id);
+    }
+    if (hb.getLeaving()) {
+      forget_peer(id, absl::AbortedError(absl::StrCat("bus.net: peer gone: node '",
+                                                      hb.getName().cStr(), "' stopped")));
+      // Confirm at once: SUB delivers in order, so everything it sent before arrived.
+      goodbyes_.emplace_back(id, Clock::now());
+      next_heartbeat_ = Clock::now();
+      return;
+    }
+    if (opt_.secure() && !peers_.contains(id) && !allowed(hb.getPublicKey().cStr())) {
+      ++counters_.auth_denied;
+      log_once(absl::StrCat("hb-key:", hb.getPublicKey().cStr()),
+               absl::StrCat("ignoring node '", hb.getName().cStr(), "': its key '",
+                            hb.getPublicKey().cStr(), "' is not in the allowlist"));
+      return;
+    }
+    auto [it, fresh] = peers_.try_emplace(id);
+    PeerState& p = it->second;
+    p.last_seen = Clock::now();
+    auto channels = [](auto list) {
+      std::vector<ChannelDesc> out;
+      for (auto c : list) {
+        out.push_back({c.getName().cStr(), c.getTypeId(), c.getReplyTypeId(), c.getKind()});
+      }
+      return out;
+    };
+    std::vector<ChannelDesc> serves = channels(hb.getServes());
+    bool changed = fresh || serves != p.serves;
+    p.serves = std::move(serves);
+    p.imports = channels(hb.getImports());
+    p.interval = milliseconds(std::clamp<uint32_t>(hb.getIntervalMs(), 1, 60'000));
+    if (fresh) {
+      p.id = id;
+      p.name = hb.getName().cStr();
+      p.request_endpoint = hb.getRequestEndpoint().cStr();
+      p.public_key = hb.getPublicKey().cStr();
+      if (!p.request_endpoint.empty()) {
+        p.dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
+        p.dealer->set(zmq::sockopt::linger, 0);
+        p.dealer->set(zmq::sockopt::sndhwm, kPipeHwm);
+        p.dealer->set(zmq::sockopt::rcvhwm, kPipeHwm);
+        p.dealer->set(zmq::sockopt::maxmsgsize,
+                      static_cast<int64_t>(opt_.max_message_bytes()) * 4 + (1 << 20));
+        if (opt_.secure()) {
+          p.dealer->set(zmq::sockopt::curve_publickey, opt_.curve_keys().public_key);
+          p.dealer->set(zmq::sockopt::curve_secretkey, opt_.curve_keys().secret_key);
+          p.dealer->set(zmq::sockopt::curve_serverkey, p.public_key);
+        }
+        try {
+          p.dealer->connect(p.request_endpoint);
+        } catch (const zmq::error_t& e) {
+          log_once(absl::StrCat("connect:", p.request_endpoint),
+                   absl::StrCat("cannot connect to node '", p.name, "' at ", p.request_endpoint,
+                                ": ", e.what()));
+          p.dealer.reset();
+        }
+      }
+      next_heartbeat_ = Clock::now();  // answer a newcomer at once: it learns about us sooner
+      // A node that restarted on the same address is a new node: the old one is gone. (After
+      // the new one's dealer exists, so the endpoint stays routable throughout.)
+      std::vector<uint64_t> replaced;
+      for (auto& [other, q] : peers_) {
+        if (other != id && !p.request_endpoint.empty() &&
+            q.request_endpoint == p.request_endpoint) {
+          replaced.push_back(other);
+        }
+      }
+      std::string name = p.name;  // forget_peer() may move the table
+      for (uint64_t other : replaced) {
+        forget_peer(other, absl::AbortedError(
+                               absl::StrCat("bus.net: peer gone: node '", name, "' restarted")));
+      }
+    }
+    if (changed) update_reachability();
+  } catch (const kj::Exception& e) {
+    malformed("subscriber", absl::InvalidArgumentError(describe(e)));
+  }
+}
+
+}  // namespace bus::net::detail

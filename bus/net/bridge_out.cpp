@@ -1,0 +1,483 @@
+#include <absl/strings/str_cat.h>
+#include <capnp/serialize.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+
+#include "bridge.hpp"
+
+namespace bus::net::detail {
+
+// ---- outgoing ------------------------------------------------------------------------------
+
+bool Bridge::send_parts(zmq::socket_t& s, std::string_view channel, const EnvelopeFields& env,
+                        std::string_view payload) {
+  std::string e = encode_envelope(env);
+  // ZeroMQ queues a multipart message atomically: once the first part is accepted, the others
+  // are too (they go to the same pipe), so only the first send can say EAGAIN.
+  if (!s.send(zmq::buffer(channel), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+    return false;
+  }
+  s.send(zmq::buffer(e), zmq::send_flags::sndmore);
+  s.send(zmq::buffer(payload), zmq::send_flags::none);
+  return true;
+}
+
+bool Bridge::send_to_peer(PeerState& peer, std::string_view channel, const EnvelopeFields& env,
+                          std::string_view payload) {
+  if (peer.backlog.empty() && send_parts(*peer.dealer, channel, env, payload)) return true;
+  // The pipe to it is full (its high-water mark): keep the message, in order, until it drains.
+  // Bounded; while any peer holds a long backlog the node stops taking local input.
+  if (peer.backlog.size() >= kMaxPeerBacklog) return false;
+  std::string e = encode_envelope(env);
+  Parts parts;
+  parts.emplace_back(channel.data(), channel.size());
+  parts.emplace_back(e.data(), e.size());
+  parts.emplace_back(payload.data(), payload.size());
+  peer.backlog.push_back(std::move(parts));
+  ++backlogged_;
+  return true;
+}
+
+void Bridge::flush_peer_backlogs() {
+  for (auto& [id, peer] : peers_) {
+    while (!peer.backlog.empty()) {
+      Parts& parts = peer.backlog.front();
+      if (!peer.dealer->send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        break;
+      }
+      peer.dealer->send(parts[1], zmq::send_flags::sndmore);
+      peer.dealer->send(parts[2], zmq::send_flags::none);
+      peer.backlog.pop_front();
+      --backlogged_;
+    }
+  }
+}
+
+bool Bridge::oversized(const Bridged& channel, std::size_t bytes) {
+  if (bytes <= limits_.max_message_bytes) return false;
+  ++counters_.oversized;
+  log_once(absl::StrCat("oversized-out:", channel.name),
+           absl::StrCat("did not send a ", bytes, "-byte message on '", channel.name,
+                        "': over max_message_bytes (", limits_.max_message_bytes, ")"));
+  return true;
+}
+
+void Bridge::queue_publish(Bridged& channel, Outbox& out) {
+  if (!out.queued) {
+    out.queued = true;
+    queued_.emplace_back(&channel, &out);
+  }
+  if (out.bytes.size() >= kMaxBatchBytes && !stall_) flush_publishes();
+}
+
+void Bridge::flush_publishes() {
+  std::size_t i = 0;
+  for (; i < queued_.size() && !stall_; ++i) {
+    auto [ch, out] = queued_[i];
+    out->queued = false;
+    if (out->count == 0) continue;
+    EnvelopeFields env;
+    env.kind = wire::Envelope::Kind::PUBLISH;
+    env.type_id = ch->type_id;
+    env.sender = id_;
+    env.seq = out->next_seq;
+    env.count = out->count;
+    out->next_seq += out->count;
+    counters_.published += out->count;
+    if (subscribers_.contains(ch->name)) {
+      ChannelTraffic& t = traffic(ch->name, 0);
+      t.sent += out->count;
+    }
+    std::string e = encode_envelope(env);
+    Stall stall;
+    stall.parts.emplace_back(ch->name.data(), ch->name.size());
+    stall.parts.emplace_back(e.data(), e.size());
+    stall.parts.emplace_back(out->bytes.data(), out->bytes.size());
+    stall.count = out->count;
+    out->bytes.clear();
+    out->count = 0;
+    stall_ = std::move(stall);
+    stall_->since = Clock::now();
+    retry_stall();
+  }
+  queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+bool Bridge::retry_stall() {
+  if (!stall_) return true;
+  if (xpub_->send(stall_->parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+    xpub_->send(stall_->parts[1], zmq::send_flags::sndmore);
+    xpub_->send(stall_->parts[2], zmq::send_flags::none);
+    stall_.reset();
+    return true;
+  }
+  if (Clock::now() - stall_->since > opt_.send_stall_limit()) {
+    // A subscriber has not taken anything for the whole limit: drop this batch (its receivers
+    // count the gap) rather than hold every local publisher back forever.
+    counters_.publish_dropped += stall_->count;
+    log_once("stall", absl::StrCat("a subscriber stalled the publisher for over ",
+                                   opt_.send_stall_limit().count(), " ms; dropped ", stall_->count,
+                                   " messages (receivers count them as gaps)"));
+    stall_.reset();
+    return true;
+  }
+  return false;
+}
+
+void Bridge::heartbeat(bool leaving) {
+  capnp::MallocMessageBuilder builder;
+  auto hb = builder.initRoot<wire::Heartbeat>();
+  hb.setNode(id_);
+  hb.setName(opt_.name());
+  hb.setRequestEndpoint(request_endpoint_);
+  hb.setIntervalMs(static_cast<uint32_t>(opt_.heartbeat().count()));
+  hb.setLeaving(leaving);
+  hb.setPublicKey(opt_.curve_keys().public_key);
+  auto now = Clock::now();
+  std::erase_if(goodbyes_, [&](const auto& g) { return now - g.second > std::chrono::seconds(5); });
+  auto acks = hb.initGoodbyes(static_cast<unsigned>(goodbyes_.size()));
+  for (unsigned i = 0; i < goodbyes_.size(); ++i) acks.set(i, goodbyes_[i].first);
+  std::vector<Bridged*> serves, imports;
+  for (auto& ch : channels_) {
+    if (ch->role == Bridged::Role::kExportEndpoint || ch->role == Bridged::Role::kExportQueue) {
+      serves.push_back(ch.get());
+    } else if (ch->role == Bridged::Role::kImportTopic && subscribed_.contains(ch->name)) {
+      imports.push_back(ch.get());
+    }
+  }
+  auto fill = [](auto list, const std::vector<Bridged*>& from) {
+    for (unsigned i = 0; i < from.size(); ++i) {
+      auto c = list[i];
+      c.setName(from[i]->name);
+      c.setTypeId(from[i]->type_id);
+      c.setReplyTypeId(from[i]->reply_type_id);
+      switch (from[i]->role) {
+        case Bridged::Role::kExportEndpoint: c.setKind(wire::Channel::Kind::ENDPOINT); break;
+        case Bridged::Role::kExportQueue: c.setKind(wire::Channel::Kind::QUEUE); break;
+        default: c.setKind(wire::Channel::Kind::TOPIC); break;
+      }
+    }
+  };
+  fill(hb.initServes(static_cast<unsigned>(serves.size())), serves);
+  fill(hb.initImports(static_cast<unsigned>(imports.size())), imports);
+  std::string payload;
+  append_message(builder, payload);
+  EnvelopeFields env;
+  env.kind = wire::Envelope::Kind::HEARTBEAT;
+  env.type_id = capnp::typeId<wire::Heartbeat>();
+  env.sender = id_;
+  env.count = 1;
+  // Not while a batch is stalled: it would overtake it. A missed heartbeat is fine.
+  if (!stall_) (void)send_parts(*xpub_, kHeartbeatTopic, env, payload);
+}
+
+void Bridge::call(Bridged& channel, std::string payload, Clock::time_point deadline,
+                  std::unique_ptr<PendingCall> pending) {
+  if (oversized(channel, payload.size())) {
+    pending->finish(
+        absl::ResourceExhaustedError(absl::StrCat("bus.net: request of ", payload.size(),
+                                                  " bytes is over max_message_bytes")),
+        {});
+    return;
+  }
+  PeerState* peer = pick_peer(channel, /*endpoint=*/true);
+  if (peer == nullptr) {
+    pending->finish(
+        absl::UnavailableError(absl::StrCat("bus.net: no live node serves '", channel.name, "'")),
+        {});
+    return;
+  }
+  EnvelopeFields env;
+  env.kind = wire::Envelope::Kind::REQUEST;
+  env.type_id = channel.type_id;
+  env.sender = id_;
+  env.count = 1;
+  env.correlation = ++last_correlation_;
+  auto left = deadline - Clock::now();
+  env.timeout_us = left > Clock::duration::zero()
+                       ? static_cast<uint64_t>(duration_cast<microseconds>(left).count())
+                       : 0;
+  if (!send_to_peer(*peer, channel.name, env, payload)) {
+    ++counters_.send_refused;
+    pending->finish(absl::ResourceExhaustedError(absl::StrCat(
+                        "bus.net: no room toward node '", peer->name, "' for '", channel.name,
+                        "' (it is not taking requests as fast as they come)")),
+                    {});
+    return;
+  }
+  ++traffic(channel.name, peer->id).sent;
+  pending_.emplace(env.correlation, Pending{peer->id, &channel, deadline, std::move(pending)});
+}
+
+absl::Status Bridge::send(Bridged& channel, std::string payload) {
+  PeerState* peer = pick_peer(channel, /*endpoint=*/false);
+  absl::Status st;
+  if (oversized(channel, payload.size())) {
+    st = absl::ResourceExhaustedError("bus.net: queue message over max_message_bytes");
+  } else if (peer == nullptr) {
+    st =
+        absl::UnavailableError(absl::StrCat("bus.net: no live node consumes '", channel.name, "'"));
+  } else {
+    EnvelopeFields env;
+    env.kind = wire::Envelope::Kind::SEND;
+    env.type_id = channel.type_id;
+    env.sender = id_;
+    env.count = 1;
+    // Numbered per destination: each receiver counts gaps in what was sent to it.
+    uint64_t& seq = peer->send_seq[channel.name];
+    env.seq = seq + 1;
+    if (send_to_peer(*peer, channel.name, env, payload)) {
+      ++seq;
+      ++traffic(channel.name, peer->id).sent;
+      return absl::OkStatus();
+    }
+    st = absl::ResourceExhaustedError(
+        absl::StrCat("bus.net: no room toward node '", peer->name, "' for '", channel.name, "'"));
+  }
+  ++counters_.send_refused;
+  log_once(absl::StrCat("send:", channel.name),
+           absl::StrCat("a queue message was not sent: ", st.message()));
+  return st;
+}
+
+void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& status,
+                   std::string payload) {
+  if (!router_) return;
+  if (status.ok() && oversized(channel, payload.size())) {
+    return reply(channel, to, absl::ResourceExhaustedError("bus.net: reply over max_message_bytes"),
+                 {});
+  }
+  EnvelopeFields env;
+  env.kind = wire::Envelope::Kind::REPLY;
+  env.type_id = status.ok() ? channel.reply_type_id : 0;
+  env.sender = id_;
+  env.count = status.ok() ? 1 : 0;
+  env.correlation = to.correlation;
+  env.code = static_cast<uint16_t>(status.code());
+  if (!status.ok()) env.detail = std::string(status.message());
+  std::string e = encode_envelope(env);
+  Parts parts;
+  parts.emplace_back(to.identity.data(), to.identity.size());
+  parts.emplace_back(channel.name.data(), channel.name.size());
+  parts.emplace_back(e.data(), e.size());
+  parts.emplace_back(payload.data(), payload.size());
+  ++traffic(channel.name, known(to.peer)).sent;
+  if (reply_backlog_.size() >= kMaxPeerBacklog) {
+    ++counters_.unroutable_replies;
+    return;
+  }
+  // In order behind what is waiting already; the ROUTER takes it when the requester's pipe has
+  // room (its high-water mark: the requester is not reading as fast as it asks).
+  reply_backlog_.push_back(std::move(parts));
+  flush_reply_backlog();
+}
+
+void Bridge::flush_reply_backlog() {
+  while (!reply_backlog_.empty()) {
+    Parts& parts = reply_backlog_.front();
+    try {
+      if (!router_->send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        return;  // EAGAIN: that requester's pipe is full; keep the order, retry later
+      }
+      router_->send(parts[1], zmq::send_flags::sndmore);
+      router_->send(parts[2], zmq::send_flags::sndmore);
+      router_->send(parts[3], zmq::send_flags::none);
+    } catch (const zmq::error_t&) {
+      // EHOSTUNREACH (ROUTER_MANDATORY): the requester disconnected.
+      ++counters_.unroutable_replies;
+    }
+    reply_backlog_.pop_front();
+  }
+}
+
+// ---- peers ---------------------------------------------------------------------------------
+
+void Bridge::update_subscriptions() {
+  // Only topics with local subscribers are subscribed to, so other nodes' publishers (and
+  // ZeroMQ's filtering) do not send us what nobody here reads.
+  for (auto& [name, ch] : import_topics_) {
+    bool want = ch->wanted(*this);
+    if (want == subscribed_.contains(name)) continue;
+    if (want) {
+      sub_->set(zmq::sockopt::subscribe, name);
+      subscribed_.insert(name);
+    } else {
+      sub_->set(zmq::sockopt::unsubscribe, name);
+      subscribed_.erase(name);
+    }
+    next_heartbeat_ = Clock::now();  // our imports changed: tell the peers
+  }
+}
+
+void Bridge::check_peers() {
+  auto now = Clock::now();
+  std::vector<uint64_t> dead;
+  for (auto& [id, p] : peers_) {
+    if (now - p.last_seen > p.interval * opt_.dead_after()) dead.push_back(id);
+  }
+  for (uint64_t id : dead) {
+    ++counters_.peers_lost;
+    auto& p = peers_[id];
+    forget_peer(id, absl::AbortedError(absl::StrCat("bus.net: peer gone: node '", p.name,
+                                                    "' missed ", opt_.dead_after(),
+                                                    " heartbeats with the request in flight")));
+  }
+}
+
+void Bridge::forget_peer(uint64_t id, const absl::Status& why) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return;
+  // Fail what was in flight on it now, not at the deadline.
+  std::vector<uint64_t> failed;
+  for (auto& [corr, p] : pending_) {
+    if (p.peer == id) failed.push_back(corr);
+  }
+  for (uint64_t corr : failed) {
+    auto node = pending_.extract(corr);
+    ++counters_.calls_peer_gone;
+    node.mapped().call->finish(why, {});
+  }
+  if (!it->second.backlog.empty()) {
+    // Queue messages and requests that never left: the requests failed above; count the rest.
+    backlogged_ -= it->second.backlog.size();
+    counters_.send_refused += it->second.backlog.size();
+  }
+  peers_.erase(it);
+  next_seq_.erase(id);
+  // Fold its traffic into the "gone" rows so the table stays bounded as nodes come and go.
+  std::vector<std::pair<std::string, uint64_t>> rows;
+  for (auto& [key, t] : traffic_) {
+    if (key.second == id) rows.push_back(key);
+  }
+  for (auto& key : rows) {
+    ChannelTraffic t = traffic_[key];
+    traffic_.erase(key);
+    ChannelTraffic& gone = traffic(key.first, 0);
+    gone.sent += t.sent;
+    gone.received += t.received;
+    gone.gaps += t.gaps;
+    gone.rejected += t.rejected;
+  }
+  update_reachability();
+}
+
+PeerState* Bridge::pick_peer(const Bridged& ch, bool endpoint) {
+  std::vector<PeerState*> live;
+  for (auto& [id, p] : peers_) {
+    if (!p.dealer) continue;
+    auto kind = endpoint ? wire::Channel::Kind::ENDPOINT : wire::Channel::Kind::QUEUE;
+    for (const auto& s : p.serves) {
+      if (s.name == ch.name && s.kind == kind && s.type_id == ch.type_id &&
+          (!endpoint || s.reply_type_id == ch.reply_type_id)) {
+        live.push_back(&p);
+        break;
+      }
+    }
+  }
+  if (live.empty()) return nullptr;
+  return live[round_robin_[ch.name]++ % live.size()];
+}
+
+void Bridge::update_reachability() {
+  for (Bridged* ch : imported_calls_) {
+    bool endpoint = ch->role == Bridged::Role::kImportEndpoint;
+    bool reachable = pick_peer(*ch, endpoint) != nullptr;
+    if (!reachable) {
+      for (auto& [id, p] : peers_) {
+        for (const auto& s : p.serves) {
+          if (s.name == ch->name &&
+              (s.type_id != ch->type_id || (endpoint && s.reply_type_id != ch->reply_type_id))) {
+            log_once(absl::StrCat("serves-type:", ch->name),
+                     absl::StrCat("node '", p.name, "' serves '", ch->name,
+                                  "' with other types than this node: not routing to it"));
+          }
+        }
+      }
+    }
+    ch->set_reachable(*this, reachable);
+  }
+}
+
+void Bridge::sweep_pending() {
+  // The requester's own deadline timer has answered it already; drop what is left of it.
+  auto now = Clock::now();
+  std::vector<uint64_t> expired;
+  for (auto& [corr, p] : pending_) {
+    if (p.deadline < now) expired.push_back(corr);
+  }
+  for (uint64_t corr : expired) pending_.erase(corr);
+}
+
+// ---- observation ---------------------------------------------------------------------------
+
+bool Bridge::allowed(const std::string& key) const {
+  for (const auto& k : opt_.allow()) {
+    if (k == key) return true;
+  }
+  return false;
+}
+
+uint64_t Bridge::known(uint64_t sender) const { return peers_.contains(sender) ? sender : 0; }
+
+ChannelTraffic& Bridge::traffic(const std::string& channel, uint64_t peer) {
+  auto [it, fresh] = traffic_.try_emplace(std::make_pair(channel, peer));
+  if (fresh) {
+    it->second.channel = channel;
+    it->second.peer = peer;
+  }
+  return it->second;
+}
+
+void Bridge::log_once(const std::string& key, const std::string& what) {
+  if (logged_.size() > 4096 || !logged_.insert(key).second) return;
+  std::fprintf(stderr, "bus.net[%s]: %s\n", opt_.name().c_str(), what.c_str());
+}
+
+std::vector<PeerInfo> Bridge::peers() const {
+  std::vector<PeerInfo> out;
+  auto now = Clock::now();
+  for (const auto& [id, p] : peers_) {
+    PeerInfo i;
+    i.id = id;
+    i.name = p.name;
+    i.request_endpoint = p.request_endpoint;
+    for (const auto& s : p.serves) i.serves.push_back(s.name);
+    for (const auto& s : p.imports) i.imports.push_back(s.name);
+    i.since_heartbeat = duration_cast<milliseconds>(now - p.last_seen);
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+NodeStats Bridge::stats() const {
+  NodeStats s = counters_;
+  s.peers = peers();
+  for (const auto& [key, t] : traffic_) {
+    ChannelTraffic row = t;
+    auto p = peers_.find(key.second);
+    row.peer_name = p != peers_.end() ? p->second.name : (key.second == 0 ? "" : "?");
+    s.traffic.push_back(std::move(row));
+  }
+  return s;
+}
+
+std::size_t Bridge::subscribers(std::string_view topic) const {
+  auto it = subscribers_.find(absl::string_view(topic.data(), topic.size()));
+  return it == subscribers_.end() ? 0 : it->second;
+}
+
+bool Bridge::serves(std::string_view channel) const {
+  for (const auto& [id, p] : peers_) {
+    if (!p.dealer) continue;
+    for (const auto& s : p.serves) {
+      if (s.name == channel) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace bus::net::detail
