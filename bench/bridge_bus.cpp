@@ -37,61 +37,18 @@
 #include <vector>
 
 #include "bench/bench.capnp.h"
+#include "bridge_common.hpp"
 
 using namespace std::chrono_literals;
 
 namespace {
 
+using namespace bench_bridge;
+
 using Blob = bus::Message<bench::Blob>;
 
 inline const bus::Topic<Blob> kBlobs{"bench.blobs"};
 inline const bus::Endpoint<Blob, Blob> kEcho{"bench.echo"};
-
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "bus_bridge_bus: %s\n", what.c_str());
-  std::exit(1);
-}
-
-uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
-/// CPU time of the whole process (every thread, user and system): what a case costs besides
-/// how long it takes.
-uint64_t cpu_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-struct Args {
-  std::map<std::string, std::string> kv;
-  Args(int argc, char** argv) {
-    for (int i = 2; i < argc; ++i) {
-      std::string a = argv[i];
-      auto eq = a.find('=');
-      if (eq == std::string::npos) fail("argument without '=': " + a);
-      kv[a.substr(0, eq)] = a.substr(eq + 1);
-    }
-  }
-  std::string str(const std::string& k, std::string def = {}) const {
-    auto it = kv.find(k);
-    if (it != kv.end()) return it->second;
-    if (def.empty()) fail("missing argument " + k + "=");
-    return def;
-  }
-  uint64_t num(const std::string& k, std::optional<uint64_t> def = {}) const {
-    auto it = kv.find(k);
-    if (it != kv.end()) return std::strtoull(it->second.c_str(), nullptr, 10);
-    if (!def) fail("missing argument " + k + "=");
-    return *def;
-  }
-};
-
-/// Data byte j of every payload: the receiver checks the last one.
-uint8_t pattern(std::size_t j) { return static_cast<uint8_t>(j * 31 + 7); }
 
 /// A reused builder: the user's cheapest way to make many messages of one shape (bus::build
 /// would allocate a fresh 8 KiB first segment per message).
@@ -108,18 +65,6 @@ struct BlobMaker {
     return Blob(root.asReader());
   }
 };
-
-/// Blocks until the driver closes our stdin (its "stop").
-void wait_for_stdin_eof() {
-  char buf[256];
-  while (::read(0, buf, sizeof buf) > 0) {
-  }
-}
-
-void ready() {
-  std::printf("ready\n");
-  std::fflush(stdout);
-}
 
 /// One executor, as the benchmark's brief has it; `spin_us=` sets how long an idle executor
 /// polls before it parks (the bus's default is 50 us).

@@ -30,58 +30,18 @@
 #include <string>
 #include <vector>
 
+#include "bridge_common.hpp"
+
 namespace {
+
+using namespace bench_bridge;
 
 constexpr char kSubject[] = "bench.blobs";
 constexpr char kEchoSubject[] = "bench.echo";
 
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "bus_bridge_nats: %s\n", what.c_str());
-  std::exit(1);
-}
-
 void check(natsStatus s, const char* what) {
   if (s != NATS_OK) fail(std::string(what) + ": " + natsStatus_GetText(s));
 }
-
-uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
-/// CPU time of the whole process (every thread, user and system): what a case costs besides
-/// how long it takes.
-uint64_t cpu_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-struct Args {
-  std::map<std::string, std::string> kv;
-  Args(int argc, char** argv) {
-    for (int i = 2; i < argc; ++i) {
-      std::string a = argv[i];
-      auto eq = a.find('=');
-      if (eq == std::string::npos) fail("argument without '=': " + a);
-      kv[a.substr(0, eq)] = a.substr(eq + 1);
-    }
-  }
-  std::string str(const std::string& k) const {
-    auto it = kv.find(k);
-    if (it == kv.end()) fail("missing argument " + k + "=");
-    return it->second;
-  }
-  uint64_t num(const std::string& k, std::optional<uint64_t> def = {}) const {
-    auto it = kv.find(k);
-    if (it != kv.end()) return std::strtoull(it->second.c_str(), nullptr, 10);
-    if (!def) fail("missing argument " + k + "=");
-    return *def;
-  }
-};
-
-uint8_t pattern(std::size_t j) { return static_cast<uint8_t>(j * 31 + 7); }
 
 struct Payload {
   std::vector<uint8_t> bytes;
@@ -100,17 +60,6 @@ uint64_t seq_of(natsMsg* m) {
   uint64_t seq = 0;
   if (natsMsg_GetDataLength(m) >= 8) std::memcpy(&seq, natsMsg_GetData(m), 8);
   return seq;
-}
-
-void wait_for_stdin_eof() {
-  char buf[256];
-  while (::read(0, buf, sizeof buf) > 0) {
-  }
-}
-
-void ready() {
-  std::printf("ready\n");
-  std::fflush(stdout);
 }
 
 /// A connection to `url`; `asap` sends every publish at once instead of buffering it.

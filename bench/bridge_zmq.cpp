@@ -29,51 +29,11 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "bridge_common.hpp"
+
 namespace {
 
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "bus_bridge_zmq: %s\n", what.c_str());
-  std::exit(1);
-}
-
-uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
-/// CPU time of the whole process (every thread, user and system): what a case costs besides
-/// how long it takes.
-uint64_t cpu_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-struct Args {
-  std::map<std::string, std::string> kv;
-  Args(int argc, char** argv) {
-    for (int i = 2; i < argc; ++i) {
-      std::string a = argv[i];
-      auto eq = a.find('=');
-      if (eq == std::string::npos) fail("argument without '=': " + a);
-      kv[a.substr(0, eq)] = a.substr(eq + 1);
-    }
-  }
-  std::string str(const std::string& k) const {
-    auto it = kv.find(k);
-    if (it == kv.end()) fail("missing argument " + k + "=");
-    return it->second;
-  }
-  uint64_t num(const std::string& k, std::optional<uint64_t> def = {}) const {
-    auto it = kv.find(k);
-    if (it != kv.end()) return std::strtoull(it->second.c_str(), nullptr, 10);
-    if (!def) fail("missing argument " + k + "=");
-    return *def;
-  }
-};
-
-uint8_t pattern(std::size_t j) { return static_cast<uint8_t>(j * 31 + 7); }
+using namespace bench_bridge;
 
 /// One payload: the sequence number, then the data pattern (as bus_bridge_bus's Blob.data).
 struct Payload {
@@ -92,17 +52,6 @@ uint64_t seq_of(const zmq::message_t& m) {
   uint64_t seq = 0;
   if (m.size() >= 8) std::memcpy(&seq, m.data(), 8);
   return seq;
-}
-
-void wait_for_stdin_eof() {
-  char buf[256];
-  while (::read(0, buf, sizeof buf) > 0) {
-  }
-}
-
-void ready() {
-  std::printf("ready\n");
-  std::fflush(stdout);
 }
 
 void print_sender(uint64_t t0, uint64_t t_sent, uint64_t cpu) {

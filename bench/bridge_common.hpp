@@ -1,0 +1,78 @@
+// What the bridge benchmark's role programs (bridge_bus/zmq/nats.cpp) share: arguments, clocks,
+// the payload pattern and the driver handshake (a "ready" line, then run until stdin closes).
+#pragma once
+
+#include <errno.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace bench_bridge {
+
+[[noreturn]] inline void fail(const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", program_invocation_short_name, what.c_str());
+  std::exit(1);
+}
+
+inline uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+/// CPU time of the whole process (every thread, user and system): what a case costs besides
+/// how long it takes.
+inline uint64_t cpu_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+/// `role key=value...`: argv[1] is the role, the rest are key=value pairs.
+struct Args {
+  std::map<std::string, std::string> kv;
+  Args(int argc, char** argv) {
+    for (int i = 2; i < argc; ++i) {
+      std::string a = argv[i];
+      auto eq = a.find('=');
+      if (eq == std::string::npos) fail("argument without '=': " + a);
+      kv[a.substr(0, eq)] = a.substr(eq + 1);
+    }
+  }
+  std::string str(const std::string& k) const {
+    auto it = kv.find(k);
+    if (it == kv.end()) fail("missing argument " + k + "=");
+    return it->second;
+  }
+  uint64_t num(const std::string& k, std::optional<uint64_t> def = {}) const {
+    auto it = kv.find(k);
+    if (it != kv.end()) return std::strtoull(it->second.c_str(), nullptr, 10);
+    if (!def) fail("missing argument " + k + "=");
+    return *def;
+  }
+};
+
+/// The data bytes every payload carries after its 8-byte sequence number (checked on receipt).
+inline uint8_t pattern(std::size_t j) { return static_cast<uint8_t>(j * 31 + 7); }
+
+/// Blocks until the driver closes our stdin (its "stop").
+inline void wait_for_stdin_eof() {
+  char buf[256];
+  while (::read(0, buf, sizeof buf) > 0) {
+  }
+}
+
+/// Tells the driver this role is set up.
+inline void ready() {
+  std::printf("ready\n");
+  std::fflush(stdout);
+}
+
+}  // namespace bench_bridge
