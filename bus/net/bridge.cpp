@@ -370,6 +370,14 @@ void Bridge::shutdown() {
   ctx_.close();  // waits up to the linger for queued messages to leave
 }
 
+void Bridge::changed() {
+  {
+    std::lock_guard lock(changed_mu_);
+    ++changes_;
+  }
+  changed_cv_.notify_all();
+}
+
 void Bridge::run_commands() {
   std::vector<absl::AnyInvocable<void()>> cmds;
   {
@@ -429,20 +437,11 @@ std::size_t Node::subscribers(std::string_view topic) const {
 }
 bool Node::wait_for_subscribers(std::string_view topic, std::size_t n,
                                 std::chrono::milliseconds timeout) const {
-  auto until = Clock::now() + timeout;
-  while (subscribers(topic) < n) {
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
+  return bridge_->wait_until([&] { return bridge_->subscribers(topic) >= n; },
+                             Clock::now() + timeout);
 }
 bool Node::wait_for_server(std::string_view channel, std::chrono::milliseconds timeout) const {
-  auto until = Clock::now() + timeout;
-  while (!bridge_->query([this, channel] { return bridge_->serves(channel); })) {
-    if (Clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
+  return bridge_->wait_until([&] { return bridge_->serves(channel); }, Clock::now() + timeout);
 }
 
 }  // namespace bus::net

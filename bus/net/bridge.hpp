@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <future>
 #include <memory>
@@ -117,6 +118,22 @@ class Bridge final : public Link {
     return fn();
   }
 
+  /// Waits until `holds()` (run on the bridge thread) is true, re-checking whenever the
+  /// subscriptions or peers change, or until `until`. True when it held.
+  template <class F>
+  bool wait_until(F holds, Clock::time_point until) {
+    for (;;) {
+      uint64_t seen;
+      {
+        std::lock_guard lock(changed_mu_);
+        seen = changes_;
+      }
+      if (query(holds)) return true;
+      std::unique_lock lock(changed_mu_);
+      if (!changed_cv_.wait_until(lock, until, [&] { return changes_ != seen; })) return false;
+    }
+  }
+
   uint64_t id() const { return id_; }
   const std::string& publish_endpoint() const { return publish_endpoint_; }
   const std::string& request_endpoint() const { return request_endpoint_; }
@@ -157,6 +174,8 @@ class Bridge final : public Link {
   void shutdown();
   void wake();
   void run_commands();
+  /// Bridge thread: subscriptions or peers changed; wakes wait_until().
+  void changed();
 
   // incoming
   bool recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts = 5);
@@ -208,6 +227,10 @@ class Bridge final : public Link {
   std::optional<zmq::socket_t> xpub_, sub_, router_, zap_;
   std::unique_ptr<ExternalInbox> inbox_;
   int wake_fd_ = -1;
+
+  std::mutex changed_mu_;
+  std::condition_variable changed_cv_;
+  uint64_t changes_ = 0;  // under changed_mu_
 
   mutable std::mutex cmd_mu_;
   std::vector<absl::AnyInvocable<void()>> cmds_;  // under cmd_mu_

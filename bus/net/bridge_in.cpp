@@ -225,6 +225,7 @@ void Bridge::on_xpub(const zmq::message_t& m) {
     auto it = subscribers_.find(topic);
     if (it != subscribers_.end() && --it->second == 0) subscribers_.erase(it);
   }
+  changed();
 }
 
 void Bridge::on_zap() {

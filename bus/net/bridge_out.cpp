@@ -13,11 +13,23 @@ namespace bus::net::detail {
 
 // ---- outgoing ------------------------------------------------------------------------------
 
+namespace {
+// ZeroMQ queues a multipart message atomically: once the first part is accepted, the others are
+// too (they go to the same pipe), so only the first send can say EAGAIN (false here). A ROUTER
+// with MANDATORY throws EHOSTUNREACH on the first part for a requester that is gone.
+bool send_all(zmq::socket_t& s, std::vector<zmq::message_t>& parts) {
+  if (!s.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    s.send(parts[i], i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+  return true;
+}
+}  // namespace
+
 bool Bridge::send_parts(zmq::socket_t& s, std::string_view channel, const EnvelopeFields& env,
                         std::string_view payload) {
   std::string e = encode_envelope(env);
-  // ZeroMQ queues a multipart message atomically: once the first part is accepted, the others
-  // are too (they go to the same pipe), so only the first send can say EAGAIN.
+  // As send_all(): only the first part can be refused.
   if (!s.send(zmq::buffer(channel), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
     return false;
   }
@@ -45,12 +57,7 @@ bool Bridge::send_to_peer(PeerState& peer, std::string_view channel, const Envel
 void Bridge::flush_peer_backlogs() {
   for (auto& [id, peer] : peers_) {
     while (!peer.backlog.empty()) {
-      Parts& parts = peer.backlog.front();
-      if (!peer.dealer->send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        break;
-      }
-      peer.dealer->send(parts[1], zmq::send_flags::sndmore);
-      peer.dealer->send(parts[2], zmq::send_flags::none);
+      if (!send_all(*peer.dealer, peer.backlog.front())) break;
       peer.backlog.pop_front();
       --backlogged_;
     }
@@ -109,9 +116,7 @@ void Bridge::flush_publishes() {
 
 bool Bridge::retry_stall() {
   if (!stall_) return true;
-  if (xpub_->send(stall_->parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-    xpub_->send(stall_->parts[1], zmq::send_flags::sndmore);
-    xpub_->send(stall_->parts[2], zmq::send_flags::none);
+  if (send_all(*xpub_, stall_->parts)) {
     stall_.reset();
     return true;
   }
@@ -278,14 +283,9 @@ void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& s
 
 void Bridge::flush_reply_backlog() {
   while (!reply_backlog_.empty()) {
-    Parts& parts = reply_backlog_.front();
     try {
-      if (!router_->send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        return;  // EAGAIN: that requester's pipe is full; keep the order, retry later
-      }
-      router_->send(parts[1], zmq::send_flags::sndmore);
-      router_->send(parts[2], zmq::send_flags::sndmore);
-      router_->send(parts[3], zmq::send_flags::none);
+      // EAGAIN: that requester's pipe is full; keep the order, retry later.
+      if (!send_all(*router_, reply_backlog_.front())) return;
     } catch (const zmq::error_t&) {
       // EHOSTUNREACH (ROUTER_MANDATORY): the requester disconnected.
       ++counters_.unroutable_replies;
@@ -400,6 +400,7 @@ void Bridge::update_reachability() {
     }
     ch->set_reachable(*this, reachable);
   }
+  changed();  // peers or what they serve changed
 }
 
 void Bridge::sweep_pending() {

@@ -150,10 +150,9 @@ ExternalInbox::~ExternalInbox() {
 void ExternalInbox::bind_to_this_thread() { bus_.core_->bind_thread(*inbox_); }
 
 std::size_t ExternalInbox::drain_awake() {
+  // No eventfd read: while the inbox is awake producers do not write it, so reading would be a
+  // syscall per pass that finds nothing. A write from before waking is consumed by drain().
   inbox_->begin_drain();
-  uint64_t ignored;
-  while (::read(fd(), &ignored, sizeof ignored) > 0) {
-  }
   return inbox_->run_once();
 }
 
@@ -162,7 +161,7 @@ std::size_t ExternalInbox::drain() {
   uint64_t ignored;
   while (::read(fd(), &ignored, sizeof ignored) > 0) {
   }
-  std::size_t n = inbox_->run_once();
+  std::size_t n = drain_awake();
   inbox_->end_drain();
   return n;
 }

@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/test_support.hpp"
+
 ABSL_FLAG(std::string, peer, "", "the Python peer's publisher endpoint");
 ABSL_FLAG(std::string, peer_key, "", "the Python peer's CURVE public key (Z85): turns CURVE on");
 ABSL_FLAG(uint64_t, readings, 300, "readings to publish on interop.cpp.readings");
@@ -54,15 +56,7 @@ void check(bool ok, const std::string& what) {
   std::fflush(stdout);
 }
 
-template <class F>
-bool eventually(F done, std::chrono::milliseconds bound = 30s) {
-  auto limit = std::chrono::steady_clock::now() + bound;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > limit) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
+using bus_test::eventually;
 
 /// What arrived from Python, written by handlers on executors.
 struct Received {
