@@ -28,6 +28,36 @@ class Curve : public testing::Test {
   bus::net::CurveKeys ka = bus::net::CurveKeys::generate();  // the publisher
   bus::net::CurveKeys kb = bus::net::CurveKeys::generate();  // the allowed subscriber
   bus::net::CurveKeys kx = bus::net::CurveKeys::generate();  // the intruder
+
+  /// a and an intruder both export readings and admit b; b allows only a's key and lists the
+  /// intruder's endpoint as a peer under `key_for_intruder`. b must hear a and nothing of the
+  /// intruder.
+  void ExpectBHearsOnlyA(const std::string& key_for_intruder) {
+    NodeProcess a(cat(secure("a", ka, {kb.public_key}), {"--export-readings"}));
+    NodeProcess x(cat(secure("intruder", kx, {kb.public_key}), {"--export-readings"}));
+    ASSERT_TRUE(a.ready());
+    ASSERT_TRUE(x.ready());
+    NodeProcess b(
+        cat(secure("b", kb, {ka.public_key}),
+            {"--import-readings", a.as_peer(ka.public_key), x.as_peer(key_for_intruder)}));
+    ASSERT_TRUE(b.ready());
+
+    // Every chance to get a subscriber (a correct node never gives it one, so this bound only
+    // matters to a broken one), then publish anyway.
+    EXPECT_EQ(x.ask("wait-subscribers 1 5000").num("n"), 0u);
+    ASSERT_EQ(x.ask("publish 100").num("refused"), 0u);
+    ASSERT_EQ(a.ask("wait-subscribers 1").num("n"), 1u);
+    ASSERT_EQ(a.ask("publish 100").num("refused"), 0u);
+    ASSERT_TRUE(bus_test::eventually([&] { return b.report().num("sensor.a") >= 100; }, 60s));
+
+    integ::Answer r = b.report();
+    EXPECT_EQ(r.num("received"), 100u) << r.line;
+    EXPECT_FALSE(r.has("sensor.intruder")) << r.line;
+    EXPECT_FALSE(r.has("peer.intruder")) << r.line;
+    EXPECT_TRUE(b.quit());
+    EXPECT_TRUE(x.quit());
+    EXPECT_TRUE(a.quit());
+  }
 };
 
 }  // namespace
@@ -63,54 +93,12 @@ TEST_F(Curve, ANodeNotAllowedReceivesNothingWhileAnAllowedOneReceivesAll) {
 TEST_F(Curve, ANodeWithoutThePeersSecretKeyCannotDeliverInItsName) {
   // b believes the intruder's endpoint is a's: it expects a's public key there. The intruder
   // admits b, but cannot prove a key it has not the secret of.
-  NodeProcess a(cat(secure("a", ka, {kb.public_key}), {"--export-readings"}));
-  NodeProcess x(cat(secure("intruder", kx, {kb.public_key}), {"--export-readings"}));
-  ASSERT_TRUE(a.ready());
-  ASSERT_TRUE(x.ready());
-  NodeProcess b(cat(secure("b", kb, {ka.public_key}),
-                    {"--import-readings", a.as_peer(ka.public_key), x.as_peer(ka.public_key)}));
-  ASSERT_TRUE(b.ready());
-
-  // Every chance to get a subscriber (a correct node never gives it one, so this bound only
-  // matters to a broken one), then publish anyway.
-  EXPECT_EQ(x.ask("wait-subscribers 1 5000").num("n"), 0u);
-  ASSERT_EQ(x.ask("publish 100").num("refused"), 0u);
-  ASSERT_EQ(a.ask("wait-subscribers 1").num("n"), 1u);
-  ASSERT_EQ(a.ask("publish 100").num("refused"), 0u);
-  ASSERT_TRUE(bus_test::eventually([&] { return b.report().num("sensor.a") >= 100; }, 60s));
-
-  integ::Answer r = b.report();
-  EXPECT_EQ(r.num("received"), 100u) << r.line;
-  EXPECT_FALSE(r.has("sensor.intruder")) << r.line;
-  EXPECT_FALSE(r.has("peer.intruder")) << r.line;
-  EXPECT_TRUE(b.quit());
-  EXPECT_TRUE(x.quit());
-  EXPECT_TRUE(a.quit());
+  ExpectBHearsOnlyA(/*key_for_intruder=*/ka.public_key);
 }
 
 TEST_F(Curve, ANodeNotInTheAllowlistDeliversNothingEvenWhenListedAsAPeer) {
   // b listens to the intruder under its real key (a stale peer list, a revoked node) but does
   // not allow that key: "only nodes whose public key is in `allow`" may talk to b. The intruder
   // admits everyone.
-  NodeProcess a(cat(secure("a", ka, {kb.public_key}), {"--export-readings"}));
-  NodeProcess x(cat(secure("intruder", kx, {kb.public_key}), {"--export-readings"}));
-  ASSERT_TRUE(a.ready());
-  ASSERT_TRUE(x.ready());
-  NodeProcess b(cat(secure("b", kb, {ka.public_key}),
-                    {"--import-readings", a.as_peer(ka.public_key), x.as_peer(kx.public_key)}));
-  ASSERT_TRUE(b.ready());
-
-  EXPECT_EQ(x.ask("wait-subscribers 1 5000").num("n"), 0u);
-  ASSERT_EQ(x.ask("publish 100").num("refused"), 0u);
-  ASSERT_EQ(a.ask("wait-subscribers 1").num("n"), 1u);
-  ASSERT_EQ(a.ask("publish 100").num("refused"), 0u);
-  ASSERT_TRUE(bus_test::eventually([&] { return b.report().num("sensor.a") >= 100; }, 60s));
-
-  integ::Answer r = b.report();
-  EXPECT_EQ(r.num("received"), 100u) << r.line;
-  EXPECT_FALSE(r.has("sensor.intruder")) << r.line;
-  EXPECT_FALSE(r.has("peer.intruder")) << r.line;
-  EXPECT_TRUE(b.quit());
-  EXPECT_TRUE(x.quit());
-  EXPECT_TRUE(a.quit());
+  ExpectBHearsOnlyA(/*key_for_intruder=*/kx.public_key);
 }
