@@ -136,6 +136,14 @@ class Bus {
   requires std::invocable<F&, absl::StatusOr<Rep>>
   void request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout, F&& callback);
 
+  /// How many servers `endpoint` has now: handlers in this process, plus the bridge's proxy
+  /// while live nodes elsewhere serve it (bus::net).
+  template <class Req, class Rep>
+  std::size_t servers(const Endpoint<Req, Rep>& endpoint) {
+    const auto* list = endpoint_state(endpoint).targets.load();
+    return list == nullptr ? 0 : list->targets.size();
+  }
+
   /// Blocks the calling plain thread until the reply or the deadline. Refused on an executor.
   template <class Req, class Rep, MessageOf<Req> R>
   absl::StatusOr<Rep> call(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout);

@@ -1,0 +1,118 @@
+// How the HTTP endpoint listens, how many threads serve it, and the limits it enforces.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace bus::net {
+class Node;
+}
+
+namespace bus::http {
+
+/// Server parameters, with fluent setters:
+///   bus::http::ServerOptions().port(8080).io_threads(2).deadline(std::chrono::seconds(2))
+class ServerOptions {
+ public:
+  using Duration = std::chrono::steady_clock::duration;
+
+  /// The address to listen on (default 127.0.0.1; "0.0.0.0" or "::" for every interface).
+  ServerOptions& address(std::string a) {
+    address_ = std::move(a);
+    return *this;
+  }
+  /// The port; 0 picks a free one (Server::port() tells which).
+  ServerOptions& port(uint16_t p) {
+    port_ = p;
+    return *this;
+  }
+  /// I/O threads, each with its own io_context, listening socket (SO_REUSEPORT: the kernel
+  /// spreads connections) and bus inbox for the replies.
+  ServerOptions& io_threads(unsigned n) {
+    io_threads_ = n == 0 ? 1 : n;
+    return *this;
+  }
+  /// Open connections allowed; one more is answered 503 and closed.
+  ServerOptions& max_connections(std::size_t n) {
+    max_connections_ = n;
+    return *this;
+  }
+  /// Request line plus headers (431 beyond), and body (413 beyond).
+  ServerOptions& max_header_bytes(std::size_t n) {
+    max_header_bytes_ = n;
+    return *this;
+  }
+  ServerOptions& max_body_bytes(std::size_t n) {
+    max_body_bytes_ = n;
+    return *this;
+  }
+  /// Once a request's first byte arrives, the whole request must arrive within this (a client
+  /// trickling its headers is closed).
+  ServerOptions& read_timeout(Duration d) {
+    read_timeout_ = d;
+    return *this;
+  }
+  /// A keep-alive connection with no request for this long is closed.
+  ServerOptions& idle_timeout(Duration d) {
+    idle_timeout_ = d;
+    return *this;
+  }
+  /// A response the client does not take within this is abandoned and the connection closed.
+  ServerOptions& write_timeout(Duration d) {
+    write_timeout_ = d;
+    return *this;
+  }
+  /// The deadline of a route's bus request unless the route sets its own (504 past it).
+  ServerOptions& deadline(Duration d) {
+    deadline_ = d;
+    return *this;
+  }
+  /// How long shutdown waits for requests in flight before it closes their connections.
+  ServerOptions& grace(Duration d) {
+    grace_ = d;
+    return *this;
+  }
+  /// How long /health waits for each executor to answer its probe.
+  ServerOptions& health_timeout(Duration d) {
+    health_timeout_ = d;
+    return *this;
+  }
+  /// A bridge node whose peers /health and /metrics report. It must outlive the server.
+  ServerOptions& node(const net::Node* n) {
+    node_ = n;
+    return *this;
+  }
+
+  const std::string& address() const { return address_; }
+  uint16_t port() const { return port_; }
+  unsigned io_threads() const { return io_threads_; }
+  std::size_t max_connections() const { return max_connections_; }
+  std::size_t max_header_bytes() const { return max_header_bytes_; }
+  std::size_t max_body_bytes() const { return max_body_bytes_; }
+  Duration read_timeout() const { return read_timeout_; }
+  Duration idle_timeout() const { return idle_timeout_; }
+  Duration write_timeout() const { return write_timeout_; }
+  Duration deadline() const { return deadline_; }
+  Duration grace() const { return grace_; }
+  Duration health_timeout() const { return health_timeout_; }
+  const net::Node* node() const { return node_; }
+
+ private:
+  std::string address_ = "127.0.0.1";
+  uint16_t port_ = 0;
+  unsigned io_threads_ = 1;
+  std::size_t max_connections_ = 10'000;
+  std::size_t max_header_bytes_ = 8 * 1024;
+  std::size_t max_body_bytes_ = 1024 * 1024;
+  Duration read_timeout_ = std::chrono::seconds(10);
+  Duration idle_timeout_ = std::chrono::seconds(60);
+  Duration write_timeout_ = std::chrono::seconds(30);
+  Duration deadline_ = std::chrono::seconds(5);
+  Duration grace_ = std::chrono::seconds(10);
+  Duration health_timeout_ = std::chrono::seconds(1);
+  const net::Node* node_ = nullptr;
+};
+
+}  // namespace bus::http

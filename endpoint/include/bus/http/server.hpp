@@ -1,0 +1,234 @@
+// The HTTP endpoint: REST calls in, bus requests through, replies out.
+//
+//   bus::Bus bus;
+//   bus::http::Server http(bus, bus::http::ServerOptions().port(8080));
+//   http.route(bus::http::Method::kGet, "/orders/{id}", orders);   // Endpoint<Message<..>, ..>
+//   http.run_until_signal();
+//
+// Each I/O thread is an Asio event loop that is also a bus inbox: a route's bus request is made
+// on it and its reply comes back through the bus's rings and an eventfd. Only what is routed is
+// reachable; the rest of the bus stays private.
+#pragma once
+
+#include <absl/functional/any_invocable.h>
+#include <absl/status/statusor.h>
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "bus/bus.hpp"
+#include "bus/http/json.hpp"
+#include "bus/http/options.hpp"
+#include "bus/http/request.hpp"
+
+namespace bus::http {
+
+namespace detail {
+/// The connection waiting for an answer.
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  virtual void answer(uint64_t ticket, Reply&& reply) = 0;
+};
+}  // namespace detail
+
+/// Answers one request. Call it once, on the I/O thread that called the route (bus replies to
+/// requests made there arrive there). Dropping it unanswered answers 500.
+class Responder {
+ public:
+  Responder(std::shared_ptr<detail::Exchange> exchange, uint64_t ticket)
+      : exchange_(std::move(exchange)), ticket_(ticket) {}
+  Responder(Responder&&) noexcept = default;
+  Responder& operator=(Responder&&) = delete;
+  ~Responder() {
+    if (exchange_) {
+      exchange_->answer(ticket_, Reply::error(500, "internal", "the route gave no answer"));
+    }
+  }
+  void operator()(Reply reply) {
+    auto exchange = std::move(exchange_);
+    exchange->answer(ticket_, std::move(reply));
+  }
+
+ private:
+  std::shared_ptr<detail::Exchange> exchange_;
+  uint64_t ticket_;
+};
+
+/// A route as the server keeps it: called on an I/O thread, possibly on several at once.
+using Handler = absl::AnyInvocable<void(const Request&, Responder) const>;
+
+namespace detail {
+struct RouteSpec {
+  Method method;
+  std::string path;                       // the template, e.g. "/greeting/{name}"
+  std::string endpoint;                   // the bus endpoint it calls; empty for a direct handler
+  std::function<std::size_t()> handlers;  // servers of that endpoint (for /health)
+  /// Called by start() with the template's parameter names; throws if the route cannot work.
+  std::function<void(const std::vector<std::string>&)> check;
+};
+}  // namespace detail
+
+/// A route to a bus endpoint, returned by Server::route to adjust it before start().
+template <class Req, class Rep>
+class Route {
+ public:
+  struct State {
+    explicit State(const Endpoint<Req, Rep>& e) : endpoint(e) {}
+    const Endpoint<Req, Rep>& endpoint;
+    std::function<absl::StatusOr<Req>(const Request&)> in;
+    std::function<Reply(const Rep&)> out;
+    bool custom_in = false;
+    Clock::duration timeout{0};  // 0: the server's default
+  };
+
+  /// Maps the HTTP request to `Req`: required when `Req` has no Cap'n Proto schema (no
+  /// bus::Codec). A non-OK status is the answer (InvalidArgument: 400 with its message).
+  Route& request(std::function<absl::StatusOr<Req>(const Request&)> in) {
+    state_->in = std::move(in);
+    state_->custom_in = true;
+    return *this;
+  }
+  /// Maps the reply to the HTTP response: required when `Rep` has no Cap'n Proto schema.
+  Route& reply(std::function<Reply(const Rep&)> out) {
+    state_->out = std::move(out);
+    return *this;
+  }
+  /// This route's request deadline (504 past it).
+  Route& timeout(Clock::duration d) {
+    state_->timeout = d;
+    return *this;
+  }
+
+ private:
+  friend class Server;
+  explicit Route(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  std::shared_ptr<State> state_;
+};
+
+/// Counters of the server itself (the per-route ones are in /metrics).
+struct ServerStats {
+  uint64_t connections_open = 0;
+  uint64_t connections_accepted = 0;
+  uint64_t connections_refused = 0;    // over max_connections: answered 503 and closed
+  uint64_t connections_timed_out = 0;  // read, idle or write timeout
+  uint64_t requests = 0;               // answered, every status
+  uint64_t bad_requests = 0;           // unparseable HTTP, headers or body over the limits
+};
+
+class Server {
+ public:
+  /// The bus must outlive the server; stop the server before the bus.
+  Server(Bus& bus, ServerOptions options = {});
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  /// Shuts down (as shutdown()) and waits.
+  ~Server();
+
+  /// Routes `method path` to a bus endpoint. `path` is a template: literal segments and
+  /// `{name}` parameters. With Cap'n Proto types (Message<S>, or a type with a bus::Codec) the
+  /// request is the JSON body with path and query parameters filled in by field name, and the
+  /// reply is written as JSON; other types need Route::request / Route::reply. A GET route
+  /// answers HEAD too. Call before start().
+  template <class Req, class Rep>
+  Route<Req, Rep> route(Method method, std::string_view path, const Endpoint<Req, Rep>& endpoint);
+
+  /// A route answered on the I/O thread itself, without the bus (static or computed replies).
+  Server& handle(Method method, std::string_view path,
+                 std::function<Reply(const Request&)> handler);
+
+  /// Binds and starts the I/O threads. Throws std::runtime_error if the address cannot be
+  /// bound, std::invalid_argument for a route that cannot work (a path parameter that names no
+  /// field, a type with no mapping, two routes for one method and path).
+  void start();
+  /// The bound port (after start()).
+  uint16_t port() const;
+  /// Stops accepting, answers what is in flight within the grace period (with
+  /// "Connection: close"), then closes every connection and stops the I/O threads. Idempotent,
+  /// from any thread, returns at once.
+  void shutdown();
+  /// Blocks until the server has stopped.
+  void wait();
+  /// start() if needed, then blocks until SIGINT or SIGTERM (or shutdown()), then shuts down
+  /// gracefully and returns.
+  void run_until_signal();
+
+  ServerStats stats() const;
+
+  struct Impl;  // opaque: Beast and Asio stay in endpoint/src
+
+ private:
+  void add_route(detail::RouteSpec spec, Handler handler);
+  Clock::duration default_deadline() const;
+
+  Bus& bus_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ==== implementation
+// ====================================================================================
+
+template <class Req, class Rep>
+Route<Req, Rep> Server::route(Method method, std::string_view path,
+                              const Endpoint<Req, Rep>& endpoint) {
+  using State = typename Route<Req, Rep>::State;
+  auto st = std::make_shared<State>(endpoint);
+  if constexpr (Bridgeable<Req>) st->in = [](const Request& r) { return from_request<Req>(r); };
+  if constexpr (Bridgeable<Rep>) st->out = [](const Rep& v) { return to_reply(v); };
+
+  detail::RouteSpec spec;
+  spec.method = method;
+  spec.path = std::string(path);
+  spec.endpoint = endpoint.name();
+  spec.handlers = [this, st] { return bus_.servers(st->endpoint); };
+  spec.check = [st, desc = std::string(to_string(method)) + " " +
+                           spec.path](const std::vector<std::string>& params) {
+    if (!st->in) {
+      throw std::invalid_argument("bus::http: route " + desc +
+                                  ": the request type has no Cap'n Proto schema (no "
+                                  "bus::Codec); map it with Route::request(...)");
+    }
+    if (!st->out) {
+      throw std::invalid_argument("bus::http: route " + desc +
+                                  ": the reply type has no Cap'n Proto schema (no bus::Codec); "
+                                  "map it with Route::reply(...)");
+    }
+    if constexpr (Bridgeable<Req>) {
+      if (!st->custom_in) {
+        detail::check_fields(capnp::Schema::from<typename Codec<Req>::Schema>(), params, desc);
+      }
+    }
+  };
+
+  Bus* bus = &bus_;
+  add_route(std::move(spec), [bus, st, fallback = default_deadline()](const Request& req,
+                                                                      Responder respond) {
+    absl::StatusOr<Req> r = absl::InternalError("unset");
+    try {
+      r = st->in(req);
+    } catch (const std::exception& e) {
+      r = absl::InvalidArgumentError(e.what());
+    }
+    if (!r.ok()) return respond(Reply::failure(r.status()));
+    auto timeout = st->timeout.count() > 0 ? st->timeout : fallback;
+    bus->request(st->endpoint, std::move(*r), timeout,
+                 [st, respond = std::move(respond)](absl::StatusOr<Rep> rep) mutable {
+                   if (!rep.ok()) return respond(Reply::failure(rep.status()));
+                   try {
+                     respond(st->out(*rep));
+                   } catch (const std::exception& e) {
+                     respond(Reply::error(500, "internal",
+                                          std::string("writing the reply failed: ") + e.what()));
+                   }
+                 });
+  });
+  return Route<Req, Rep>(st);
+}
+
+}  // namespace bus::http

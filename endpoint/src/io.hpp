@@ -1,0 +1,167 @@
+// Inside the HTTP server: the I/O threads and their connections. Boost.Beast lives behind this
+// header, which only endpoint/src includes.
+#pragma once
+
+#include <absl/container/flat_hash_set.h>
+
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "bus/http/server.hpp"
+#include "metrics.hpp"
+#include "router.hpp"
+
+namespace bus::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bh = boost::beast::http;
+using tcp = asio::ip::tcp;
+
+namespace detail {
+
+class IoThread;
+
+/// One connection: reads a request, has it answered, writes the reply, and again while the
+/// client keeps the connection alive. Pipelined requests wait in the buffer and are answered in
+/// order. Lives as long as an operation or an unanswered Responder refers to it.
+class Session final : public Exchange, public std::enable_shared_from_this<Session> {
+ public:
+  enum class Phase { kIdle, kReading, kHandling, kWriting, kClosed };
+
+  Session(IoThread& io, tcp::socket socket);
+  ~Session() override;
+  void start() { wait_for_request(); }
+  void answer(uint64_t ticket, Reply&& reply) override;
+  /// Closes the socket; pending operations end with operation_aborted.
+  void close();
+
+  Phase phase() const { return phase_; }
+  /// When the current phase times out (none while a route handles the request: its bus
+  /// deadline answers it).
+  std::optional<Clock::time_point> deadline() const { return deadline_; }
+
+ private:
+  void wait_for_request();
+  void read_request();
+  void on_read(beast::error_code ec);
+  void dispatch();
+  /// Answers a request that could not be read (400, 413, 431): counted as a bad request.
+  void refuse(Reply reply, bool close_after);
+  void write(Reply&& reply, const std::string* allow);
+  void on_write(beast::error_code ec);
+
+  IoThread& io_;
+  tcp::socket socket_;
+  beast::flat_buffer buffer_;
+  std::optional<bh::request_parser<bh::string_body>> parser_;
+  bh::response<bh::string_body> response_;
+  Phase phase_ = Phase::kIdle;
+  std::optional<Clock::time_point> deadline_;
+  uint64_t ticket_ = 0;
+  std::size_t route_ = 0;  // metrics label of the request being answered
+  Clock::time_point started_;
+  unsigned version_ = 11;
+  bool keep_alive_ = true;
+  bool head_ = false;
+  bool close_after_ = false;
+};
+
+/// A routed path and what answers it.
+struct Entry {
+  RouteSpec spec;
+  Handler handler;
+};
+
+}  // namespace detail
+
+struct Server::Impl {
+  Impl(Bus& b, ServerOptions o) : bus(b), options(std::move(o)) {}
+
+  Bus& bus;
+  ServerOptions options;
+  detail::Router router;
+  std::vector<detail::Entry> entries;      // by router index
+  std::vector<detail::RouteLabel> labels;  // by router index, then "unmatched"
+  std::size_t unmatched = 0;               // label index of requests no route took
+  std::vector<std::unique_ptr<detail::IoThread>> threads;
+  std::atomic<uint64_t> open{0};  // connections, every thread (max_connections)
+  uint16_t port = 0;
+  bool started = false;
+  std::atomic<bool> stopping{false};
+
+  std::mutex mu;  // guards `running` (threads still serving)
+  std::condition_variable cv;
+  unsigned running = 0;
+
+  // /health: one probe endpoint per executor, answered on that executor.
+  std::vector<std::unique_ptr<Endpoint<uint32_t, uint32_t>>> probes;
+  std::vector<Subscription> probe_servers;
+
+  void serve_health(const Request& req, Responder respond);
+  Reply serve_metrics() const;
+};
+
+namespace detail {
+
+/// An I/O thread: an io_context with its own listening socket (SO_REUSEPORT), its connections,
+/// and an ExternalInbox woken through its eventfd, where the replies of the bus requests its
+/// routes make are run.
+class IoThread {
+ public:
+  IoThread(Server::Impl& server, unsigned index);
+  ~IoThread();
+  /// Binds (throws std::runtime_error on failure) and starts the thread.
+  void start(const tcp::endpoint& at, std::mutex& mu, std::condition_variable& cv, bool& ready);
+  /// From any thread: begins the graceful shutdown on this thread.
+  void shutdown();
+  void join();
+  uint16_t port() const { return port_; }
+
+  Server::Impl& server;
+  const unsigned index;
+  asio::io_context ioc{1};
+  IoCounters io;
+  std::vector<std::unique_ptr<RouteCounters>> counters;  // by route label
+  absl::flat_hash_set<Session*> sessions;
+  bool draining = false;
+
+  /// Called after a route handler ran: its request may have added an earlier bus timer.
+  void arm_bus_timer();
+  /// Called when a session ends.
+  void forget(Session* s);
+
+ private:
+  void run(std::mutex& mu, std::condition_variable& cv, bool& ready);
+  void accept();
+  void refuse(tcp::socket socket);
+  void wait_for_wake();
+  void sweep();
+  void begin_shutdown();
+  void finish();
+
+  tcp::acceptor acceptor_{ioc};
+  uint16_t port_ = 0;
+  std::optional<ExternalInbox> inbox_;
+  std::optional<asio::posix::stream_descriptor> wake_;
+  asio::steady_timer bus_timer_{ioc};
+  std::optional<Clock::time_point> bus_timer_at_;
+  asio::steady_timer sweep_timer_{ioc};
+  asio::steady_timer grace_timer_{ioc};
+  asio::steady_timer accept_retry_{ioc};
+  bool finished_ = false;
+  std::thread thread_;
+};
+
+}  // namespace detail
+}  // namespace bus::http

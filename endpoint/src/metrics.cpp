@@ -1,0 +1,244 @@
+#include "metrics.hpp"
+
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
+namespace bus::http::detail {
+
+void RouteCounters::record(unsigned status, std::chrono::steady_clock::duration took) {
+  if (status >= 100 && status < 600) bump(by_status[status - 100]);
+  double s = std::chrono::duration<double>(took).count();
+  std::size_t b = 0;
+  while (b < kLatencyBounds.size() && s > kLatencyBounds[b]) ++b;
+  bump(latency[b]);
+  bump(latency_ns,
+       static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(took).count()));
+}
+
+namespace {
+
+/// A label value in the text format: backslash, double quote and newline escaped.
+std::string label(std::string_view v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+class Writer {
+ public:
+  void family(absl::string_view name, absl::string_view type, absl::string_view help) {
+    absl::StrAppend(&out_, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+  }
+  void sample(absl::string_view name, absl::string_view labels, uint64_t v) {
+    absl::StrAppend(&out_, name, labels.empty() ? "" : "{", labels, labels.empty() ? "" : "}", " ",
+                    v, "\n");
+  }
+  void sample(absl::string_view name, absl::string_view labels, double v) {
+    absl::StrAppend(&out_, name, labels.empty() ? "" : "{", labels, labels.empty() ? "" : "}", " ",
+                    absl::StrFormat("%.9g", v), "\n");
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+std::string route_labels(const RouteLabel& r) {
+  return absl::StrCat("method=\"", label(r.method), "\",route=\"", label(r.route), "\"");
+}
+
+void http_metrics(const MetricsView& v, Writer& w) {
+  const auto& routes = *v.routes;
+  auto total = [&](auto get) {
+    uint64_t n = 0;
+    for (const IoCounters* io : v.io) n += get(*io).load(std::memory_order_relaxed);
+    return n;
+  };
+  w.family("bus_http_connections_open", "gauge", "Open HTTP connections.");
+  w.sample("bus_http_connections_open", "", v.connections_open);
+  w.family("bus_http_connections_accepted_total", "counter", "HTTP connections accepted.");
+  w.sample("bus_http_connections_accepted_total", "",
+           total([](const IoCounters& c) -> auto& { return c.accepted; }));
+  w.family("bus_http_connections_refused_total", "counter",
+           "Connections answered 503 and closed because max_connections were open.");
+  w.sample("bus_http_connections_refused_total", "",
+           total([](const IoCounters& c) -> auto& { return c.refused; }));
+  w.family("bus_http_connections_timed_out_total", "counter",
+           "Connections closed by the read, idle or write timeout.");
+  w.sample("bus_http_connections_timed_out_total", "",
+           total([](const IoCounters& c) -> auto& { return c.timed_out; }));
+  w.family("bus_http_bad_requests_total", "counter",
+           "Requests refused before routing: malformed HTTP, headers or body over the limits.");
+  w.sample("bus_http_bad_requests_total", "",
+           total([](const IoCounters& c) -> auto& { return c.bad_requests; }));
+
+  w.family("bus_http_requests_total", "counter", "HTTP requests answered, by route and status.");
+  for (std::size_t r = 0; r < routes.size(); ++r) {
+    for (unsigned s = 0; s < 500; ++s) {
+      uint64_t n = 0;
+      for (const auto* per : v.counters)
+        n += (*per)[r]->by_status[s].load(std::memory_order_relaxed);
+      if (n == 0) continue;
+      w.sample("bus_http_requests_total",
+               absl::StrCat(route_labels(routes[r]), ",code=\"", s + 100, "\""), n);
+    }
+  }
+  w.family("bus_http_request_duration_seconds", "histogram",
+           "Time from a request's arrival to its answer being handed to the socket.");
+  for (std::size_t r = 0; r < routes.size(); ++r) {
+    std::array<uint64_t, kLatencyBounds.size() + 1> buckets{};
+    uint64_t ns = 0;
+    for (const auto* per : v.counters) {
+      const RouteCounters& c = *(*per)[r];
+      for (std::size_t b = 0; b < buckets.size(); ++b) {
+        buckets[b] += c.latency[b].load(std::memory_order_relaxed);
+      }
+      ns += c.latency_ns.load(std::memory_order_relaxed);
+    }
+    uint64_t count = 0;
+    for (uint64_t b : buckets) count += b;
+    if (count == 0) continue;
+    std::string l = route_labels(routes[r]);
+    uint64_t cumulative = 0;
+    for (std::size_t b = 0; b < kLatencyBounds.size(); ++b) {
+      cumulative += buckets[b];
+      w.sample("bus_http_request_duration_seconds_bucket",
+               absl::StrCat(l, ",le=\"", absl::StrFormat("%g", kLatencyBounds[b]), "\""),
+               cumulative);
+    }
+    w.sample("bus_http_request_duration_seconds_bucket", absl::StrCat(l, ",le=\"+Inf\""), count);
+    w.sample("bus_http_request_duration_seconds_sum", l, static_cast<double>(ns) / 1e9);
+    w.sample("bus_http_request_duration_seconds_count", l, count);
+  }
+}
+
+void bus_metrics(const Stats& s, Writer& w) {
+  struct Field {
+    const char* name;
+    const char* help;
+    uint64_t ChannelStats::*member;
+  };
+  static const Field fields[] = {
+      {"bus_channel_published_total", "Messages accepted by publish, send or request.",
+       &ChannelStats::published},
+      {"bus_channel_delivered_total", "Handler invocations that returned (one per subscriber).",
+       &ChannelStats::delivered},
+      {"bus_channel_dropped_total", "Messages discarded by the drop-newest overflow policy.",
+       &ChannelStats::dropped},
+      {"bus_channel_failed_total",
+       "Messages refused: ring full under the fail policy, no consumer, backlog full.",
+       &ChannelStats::failed},
+      {"bus_channel_handler_failures_total", "Handler invocations that threw.",
+       &ChannelStats::handler_failed},
+      {"bus_channel_late_replies_total", "Replies that came after the requester's deadline.",
+       &ChannelStats::late_replies},
+      {"bus_channel_expired_total", "Requests whose deadline passed before a handler ran.",
+       &ChannelStats::expired},
+      {"bus_channel_unrouted_total",
+       "Messages whose consumer went away with none left to take them.", &ChannelStats::unrouted},
+  };
+  for (const Field& f : fields) {
+    w.family(f.name, "counter", f.help);
+    for (const ChannelStats& c : s.channels) {
+      w.sample(f.name, absl::StrCat("channel=\"", label(c.name), "\",type=\"", label(c.type), "\""),
+               c.*f.member);
+    }
+  }
+  auto inbox_labels = [](const InboxStats& i) {
+    return absl::StrCat("inbox=\"", i.index, "\",kind=\"", i.external ? "external" : "executor",
+                        "\"");
+  };
+  w.family("bus_inbox_depth_bytes", "gauge", "Bytes waiting in an inbox's rings.");
+  for (const InboxStats& i : s.inboxes)
+    w.sample("bus_inbox_depth_bytes", inbox_labels(i), i.depth_bytes);
+  w.family("bus_inbox_capacity_bytes", "gauge", "Total capacity of an inbox's rings.");
+  for (const InboxStats& i : s.inboxes) {
+    w.sample("bus_inbox_capacity_bytes", inbox_labels(i), i.capacity_bytes);
+  }
+  w.family("bus_inbox_rings", "gauge", "Producing threads that have a ring to an inbox.");
+  for (const InboxStats& i : s.inboxes) {
+    w.sample("bus_inbox_rings", inbox_labels(i), static_cast<uint64_t>(i.rings));
+  }
+  w.family("bus_held_records", "gauge", "Records executors hold back while rings are full.");
+  w.sample("bus_held_records", "", s.held_records);
+}
+
+void node_metrics(const net::NodeStats& n, Writer& w) {
+  w.family("bus_bridge_peers", "gauge", "Live bridge peers (nodes heard from).");
+  w.sample("bus_bridge_peers", "", static_cast<uint64_t>(n.peers.size()));
+  struct Field {
+    const char* name;
+    const char* help;
+    uint64_t net::ChannelTraffic::*member;
+  };
+  static const Field traffic[] = {
+      {"bus_bridge_sent_total", "Messages that left for a peer, by channel.",
+       &net::ChannelTraffic::sent},
+      {"bus_bridge_received_total", "Messages accepted from a peer, by channel.",
+       &net::ChannelTraffic::received},
+      {"bus_bridge_gaps_total", "Messages a peer sent that never arrived (sequence gaps).",
+       &net::ChannelTraffic::gaps},
+      {"bus_bridge_rejected_total", "Messages from a peer rejected: wrong type id, undecodable.",
+       &net::ChannelTraffic::rejected},
+  };
+  for (const Field& f : traffic) {
+    w.family(f.name, "counter", f.help);
+    for (const net::ChannelTraffic& t : n.traffic) {
+      w.sample(f.name,
+               absl::StrCat("channel=\"", label(t.channel), "\",peer=\"", label(t.peer_name),
+                            "\",peer_id=\"", absl::Hex(t.peer, absl::kZeroPad16), "\""),
+               t.*f.member);
+    }
+  }
+  struct Total {
+    const char* name;
+    const char* help;
+    uint64_t net::NodeStats::*member;
+  };
+  static const Total totals[] = {
+      {"bus_bridge_published_total", "Topic messages that left through the publisher.",
+       &net::NodeStats::published},
+      {"bus_bridge_publish_dropped_total", "Batches dropped after a subscriber stalled.",
+       &net::NodeStats::publish_dropped},
+      {"bus_bridge_malformed_frames_total", "Frames with a bad envelope or framing.",
+       &net::NodeStats::malformed_frames},
+      {"bus_bridge_oversized_total", "Payloads over the maximum message size.",
+       &net::NodeStats::oversized},
+      {"bus_bridge_unknown_channel_total", "Frames for channels this node does not bridge.",
+       &net::NodeStats::unknown_channel},
+      {"bus_bridge_peers_lost_total", "Nodes declared dead after missed heartbeats.",
+       &net::NodeStats::peers_lost},
+      {"bus_bridge_calls_peer_gone_total", "Requests failed because their node died.",
+       &net::NodeStats::calls_peer_gone},
+      {"bus_bridge_send_refused_total", "Requests or queue messages refused: no room.",
+       &net::NodeStats::send_refused},
+      {"bus_bridge_auth_denied_total", "Connections refused by the CURVE allowlist.",
+       &net::NodeStats::auth_denied},
+  };
+  for (const Total& t : totals) {
+    w.family(t.name, "counter", t.help);
+    w.sample(t.name, "", n.*t.member);
+  }
+}
+
+}  // namespace
+
+std::string render_metrics(const MetricsView& v) {
+  Writer w;
+  http_metrics(v, w);
+  bus_metrics(v.bus, w);
+  if (v.node) node_metrics(*v.node, w);
+  return w.take();
+}
+
+}  // namespace bus::http::detail

@@ -1,0 +1,255 @@
+// The HTTP server's lifecycle, its routes, and the built-in /health and /metrics.
+#include <absl/strings/str_cat.h>
+#include <bus/schemas/http.capnp.h>
+#include <capnp/message.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include "bus/net/node.hpp"
+#include "io.hpp"
+
+namespace bus::http {
+
+std::optional<std::string_view> Request::header(std::string_view name) const {
+  const auto& msg = *static_cast<const bh::request<bh::string_body>*>(native_);
+  auto it = msg.find(beast::string_view(name.data(), name.size()));
+  if (it == msg.end()) return std::nullopt;
+  return std::string_view(it->value().data(), it->value().size());
+}
+
+Server::Server(Bus& bus, ServerOptions options)
+    : bus_(bus), impl_(std::make_unique<Impl>(bus, std::move(options))) {}
+
+Server::~Server() {
+  shutdown();
+  wait();
+}
+
+Clock::duration Server::default_deadline() const { return impl_->options.deadline(); }
+
+void Server::add_route(detail::RouteSpec spec, Handler handler) {
+  if (impl_->started) throw std::logic_error("bus::http: add routes before Server::start()");
+  std::size_t i = impl_->router.add(spec.method, spec.path);
+  impl_->labels.push_back(detail::RouteLabel{std::string(to_string(spec.method)), spec.path});
+  impl_->entries.resize(i + 1);
+  impl_->entries[i] = detail::Entry{std::move(spec), std::move(handler)};
+}
+
+Server& Server::handle(Method method, std::string_view path,
+                       std::function<Reply(const Request&)> handler) {
+  detail::RouteSpec spec;
+  spec.method = method;
+  spec.path = std::string(path);
+  add_route(std::move(spec), [h = std::move(handler)](const Request& req, Responder respond) {
+    Reply r;
+    try {
+      r = h(req);
+    } catch (const std::exception& e) {
+      r = Reply::error(500, "internal", std::string("the handler threw: ") + e.what());
+    }
+    respond(std::move(r));
+  });
+  return *this;
+}
+
+void Server::start() {
+  Impl& s = *impl_;
+  if (s.started) return;
+  Impl* impl = impl_.get();
+  add_route(detail::RouteSpec{Method::kGet, "/health", "", nullptr, nullptr},
+            [impl](const Request& req, Responder respond) {
+              impl->serve_health(req, std::move(respond));
+            });
+  add_route(detail::RouteSpec{Method::kGet, "/metrics", "", nullptr, nullptr},
+            [impl](const Request&, Responder respond) { respond(impl->serve_metrics()); });
+  for (std::size_t i = 0; i < s.entries.size(); ++i) {
+    if (s.entries[i].spec.check) s.entries[i].spec.check(s.router.routes()[i].params);
+  }
+  s.unmatched = s.labels.size();
+  s.labels.push_back(detail::RouteLabel{"", "(unmatched)"});
+
+  for (unsigned e = 0; e < bus_.executors(); ++e) {
+    s.probes.push_back(std::make_unique<Endpoint<uint32_t, uint32_t>>(
+        absl::StrCat("$http.health.", e), Overflow::kFail));
+    s.probe_servers.push_back(bus_.serve(
+        *s.probes.back(), [](uint32_t x) { return x; }, on_executor(e)));
+  }
+
+  beast::error_code ec;
+  auto address = asio::ip::make_address(s.options.address(), ec);
+  if (ec) {
+    throw std::runtime_error("bus::http: '" + s.options.address() + "' is not an IP address");
+  }
+  tcp::endpoint at(address, s.options.port());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<bool>> ready;
+  s.started = true;
+  for (unsigned t = 0; t < s.options.io_threads(); ++t) {
+    s.threads.push_back(std::make_unique<detail::IoThread>(s, t));
+    ready.push_back(std::make_unique<bool>(false));
+    {
+      std::lock_guard lock(s.mu);
+      ++s.running;
+    }
+    try {
+      s.threads.back()->start(at, mu, cv, *ready.back());
+    } catch (...) {
+      {
+        std::lock_guard lock(s.mu);
+        --s.running;
+      }
+      s.threads.pop_back();
+      shutdown();
+      wait();
+      throw;
+    }
+    if (t == 0) {
+      s.port = s.threads[0]->port();
+      at.port(s.port);  // the others share the port the first one got
+    }
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] {
+    for (auto& r : ready) {
+      if (!*r) return false;
+    }
+    return true;
+  });
+}
+
+uint16_t Server::port() const { return impl_->port; }
+
+void Server::shutdown() {
+  if (impl_->stopping.exchange(true)) return;
+  for (auto& t : impl_->threads) t->shutdown();
+}
+
+void Server::wait() {
+  {
+    std::unique_lock lock(impl_->mu);
+    impl_->cv.wait(lock, [&] { return impl_->running == 0; });
+  }
+  for (auto& t : impl_->threads) t->join();
+  impl_->probe_servers.clear();
+}
+
+void Server::run_until_signal() {
+  start();
+  asio::io_context signals_ctx;
+  asio::signal_set signals(signals_ctx, SIGINT, SIGTERM);
+  signals.async_wait([&](beast::error_code ec, int) {
+    if (!ec) shutdown();
+  });
+  // Returns on a signal, or when shutdown() came from elsewhere and the threads ended.
+  std::thread waiter([&] {
+    wait();
+    asio::post(signals_ctx, [&] { signals.cancel(); });
+  });
+  signals_ctx.run();
+  waiter.join();
+}
+
+ServerStats Server::stats() const {
+  ServerStats out;
+  out.connections_open = impl_->open.load(std::memory_order_relaxed);
+  for (const auto& t : impl_->threads) {
+    out.connections_accepted += t->io.accepted.load(std::memory_order_relaxed);
+    out.connections_refused += t->io.refused.load(std::memory_order_relaxed);
+    out.connections_timed_out += t->io.timed_out.load(std::memory_order_relaxed);
+    out.requests += t->io.requests.load(std::memory_order_relaxed);
+    out.bad_requests += t->io.bad_requests.load(std::memory_order_relaxed);
+  }
+  return out;
+}
+
+// ==== /health and /metrics
+// ======================================================================
+
+namespace {
+
+/// One /health request: waits for every executor's probe, then answers.
+struct HealthCheck {
+  Server::Impl* server;
+  std::optional<Responder> respond;
+  std::vector<bool> alive;
+  std::size_t waiting;
+
+  void finish() {
+    using schemas::http::Health;
+    capnp::MallocMessageBuilder b;
+    Health::Builder h = b.initRoot<Health>();
+    bool ok = !server->stopping.load();
+    auto executors = h.initExecutors(static_cast<unsigned>(alive.size()));
+    for (unsigned i = 0; i < alive.size(); ++i) {
+      executors[i].setIndex(i);
+      executors[i].setAlive(alive[i]);
+      ok = ok && alive[i];
+    }
+    std::vector<const detail::Entry*> routed;
+    for (const auto& e : server->entries) {
+      if (!e.spec.endpoint.empty()) routed.push_back(&e);
+    }
+    auto services = h.initServices(static_cast<unsigned>(routed.size()));
+    for (unsigned i = 0; i < routed.size(); ++i) {
+      const detail::RouteSpec& spec = routed[i]->spec;
+      std::size_t n = spec.handlers();
+      services[i].setRoute(std::string(to_string(spec.method)) + " " + spec.path);
+      services[i].setEndpoint(spec.endpoint);
+      services[i].setHandlers(static_cast<uint32_t>(n));
+      ok = ok && n > 0;
+    }
+    auto bridge = h.initBridge();
+    if (const net::Node* node = server->options.node()) {
+      bridge.setEnabled(true);
+      bridge.setNode(absl::StrCat(absl::Hex(node->id(), absl::kZeroPad16)));
+      std::vector<net::PeerInfo> peers = node->peers();
+      auto out = bridge.initPeers(static_cast<unsigned>(peers.size()));
+      for (unsigned i = 0; i < peers.size(); ++i) {
+        out[i].setId(absl::StrCat(absl::Hex(peers[i].id, absl::kZeroPad16)));
+        out[i].setName(peers[i].name);
+        auto serves = out[i].initServes(static_cast<unsigned>(peers[i].serves.size()));
+        for (unsigned j = 0; j < peers[i].serves.size(); ++j) serves.set(j, peers[i].serves[j]);
+        out[i].setSinceHeartbeatMs(static_cast<uint64_t>(peers[i].since_heartbeat.count()));
+      }
+    }
+    h.setStatus(ok ? "ok" : "unavailable");
+    (*respond)(Reply::json(to_json(h.asReader()), ok ? 200 : 503));
+  }
+};
+
+}  // namespace
+
+void Server::Impl::serve_health(const Request&, Responder respond) {
+  auto check = std::make_shared<HealthCheck>(
+      HealthCheck{this, std::move(respond), std::vector<bool>(probes.size()), probes.size()});
+  if (probes.empty()) return check->finish();
+  for (uint32_t i = 0; i < probes.size(); ++i) {
+    // A probe runs on executor i and its answer on this I/O thread: an executor stuck in a
+    // handler (or gone) misses the deadline and is reported dead.
+    bus.request(*probes[i], i, options.health_timeout(), [check, i](absl::StatusOr<uint32_t> r) {
+      check->alive[i] = r.ok();
+      if (--check->waiting == 0) check->finish();
+    });
+  }
+}
+
+Reply Server::Impl::serve_metrics() const {
+  detail::MetricsView v;
+  v.routes = &labels;
+  for (const auto& t : threads) {
+    v.counters.push_back(&t->counters);
+    v.io.push_back(&t->io);
+  }
+  v.connections_open = open.load(std::memory_order_relaxed);
+  v.bus = bus.stats();
+  if (options.node() != nullptr) v.node = options.node()->stats();
+  Reply r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = detail::render_metrics(v);
+  return r;
+}
+
+}  // namespace bus::http

@@ -1,0 +1,84 @@
+// The greeting example's HTTP front: GET /greeting/{name} and GET /services/myservice/ping.
+//
+//   greeting_server --port 8080                      service in this process
+//   greeting_server --port 8080 --peers tcp://127.0.0.1:7501
+//                                                    service in greeting_service, over the bridge
+//   greeting_server --port 8080 --direct             answered on the I/O thread (no bus hop;
+//                                                    the benchmark's baseline)
+#include <absl/flags/flag.h>
+#include <absl/flags/parse.h>
+#include <absl/strings/str_split.h>
+
+#include <bus/http/server.hpp>
+#include <bus/net/node.hpp>
+#include <cstdio>
+#include <memory>
+
+#include "greeting.hpp"
+
+ABSL_FLAG(std::string, address, "127.0.0.1", "address to listen on");
+ABSL_FLAG(uint16_t, port, 8080, "HTTP port");
+ABSL_FLAG(unsigned, io_threads, 1, "HTTP I/O threads");
+ABSL_FLAG(unsigned, executors, 1, "bus executors");
+ABSL_FLAG(size_t, max_connections, 20000, "open connections allowed");
+ABSL_FLAG(bool, direct, false, "answer on the I/O thread, without the bus");
+ABSL_FLAG(std::string, peers, "",
+          "publish endpoints of nodes serving the endpoints (empty: serve them here)");
+ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7500", "where this node publishes (--peers)");
+
+using namespace greeting_app;
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  bus::Bus bus(bus::Options().executors(absl::GetFlag(FLAGS_executors)));
+
+  std::unique_ptr<bus::net::Node> node;
+  std::string peers = absl::GetFlag(FLAGS_peers);
+  if (peers.empty()) {
+    bus.service<GreetingService>()
+        .serve(greet, &GreetingService::hello)
+        .serve(ping, &GreetingService::on_ping);
+  } else {
+    auto o = bus::net::NodeOptions().name("greeting-http").publish_on(absl::GetFlag(FLAGS_publish));
+    for (absl::string_view p : absl::StrSplit(peers, ',', absl::SkipEmpty()))
+      o.peer(std::string(p));
+    node = std::make_unique<bus::net::Node>(bus, o);
+    node->import_endpoint(greet).import_endpoint(ping);
+  }
+
+  auto options = bus::http::ServerOptions()
+                     .address(absl::GetFlag(FLAGS_address))
+                     .port(absl::GetFlag(FLAGS_port))
+                     .io_threads(absl::GetFlag(FLAGS_io_threads))
+                     .max_connections(absl::GetFlag(FLAGS_max_connections))
+                     .node(node.get());
+  bus::http::Server http(bus, options);
+  using bus::http::Method;
+  using bus::http::Reply;
+  if (absl::GetFlag(FLAGS_direct)) {
+    http.handle(Method::kGet, "/greeting/{name}", [](const bus::http::Request& r) {
+      return Reply::text("Hello " + std::string(*r.param("name")));
+    });
+  } else {
+    // The path parameter fills GreetingRequest.name; the reply is plain text, as Quarkus'.
+    http.route(Method::kGet, "/greeting/{name}", greet).reply([](const Greeting& g) {
+      return Reply::text(g->getMessage().cStr());
+    });
+  }
+  // QBit answers a JSON array: the reply's list, written by Cap'n Proto's JSON codec.
+  http.route(Method::kGet, "/services/myservice/ping", ping).reply([](const PingReply& r) {
+    return Reply::json(bus::http::to_json(r->getGreetings()));
+  });
+  http.start();
+  std::printf("[greeting] http://%s:%u/greeting/Sergio (%s)\n", options.address().c_str(),
+              http.port(),
+              absl::GetFlag(FLAGS_direct) ? "direct"
+              : peers.empty()             ? "in-process"
+                                          : "bridged");
+  http.run_until_signal();
+  std::printf("[greeting] stopped: %llu requests\n",
+              static_cast<unsigned long long>(http.stats().requests));
+  if (node) node->stop();
+  return 0;
+}
