@@ -144,6 +144,7 @@ ExternalInbox::ExternalInbox(Bus& bus) : bus_(bus), inbox_(&bus.core_->create_ex
 ExternalInbox::~ExternalInbox() {
   detail::Producer& p = bus_.core_->producer();
   if (p.own_inbox == inbox_) p.own_inbox = nullptr;
+  inbox_->run_deferred();  // callbacks posted to itself run (their owners may be going away)
   inbox_->cancel_all_pending(absl::CancelledError("bus: the inbox waiting for this reply closed"));
 }
 

@@ -95,11 +95,11 @@ std::size_t Inbox::drain_ring(Ring& r) {
 }
 
 std::size_t Inbox::run_once(bool plain_rings) {
+  std::size_t n = run_deferred();
   adopt_rings();
   Producer& p = core_.producer();
   // Records held back for our own ring can only move once we consume it: keep consuming it then.
   bool self_blocked = index_ < p.rings.size() && p.rings[index_] && p.rings[index_]->held > 0;
-  std::size_t n = 0;
   for (std::size_t i = 0; i < rings_.size();) {
     Ring& r = *rings_[i];
     if (!plain_rings &&
@@ -141,7 +141,35 @@ std::size_t Inbox::run_once(bool plain_rings) {
   return n;
 }
 
+void Inbox::defer(TimerFn fn) {
+  // Counted like a timer tick, so stop() does not see an executor as quiescent before it ran.
+  ticks_started.fetch_add(1, std::memory_order_seq_cst);
+  deferred_.push_back(std::move(fn));
+  // Outside a drain an external loop is waiting on its eventfd: make it come back.
+  if (kind_ == Kind::kExternal && sleeping_.load(std::memory_order_relaxed) != 0) wake();
+}
+
+std::size_t Inbox::run_deferred() {
+  std::size_t n = 0;
+  while (!deferred_.empty()) {
+    std::vector<TimerFn> fns = std::move(deferred_);
+    deferred_.clear();
+    for (TimerFn& fn : fns) {
+      try {
+        fn();
+      } catch (...) {
+        core_.log_once(UINT32_MAX, "closure",
+                       "a posted closure threw: " + describe_exception(std::current_exception()));
+      }
+      ticks_done.fetch_add(1, std::memory_order_seq_cst);
+      ++n;
+    }
+  }
+  return n;
+}
+
 bool Inbox::ready() {
+  if (!deferred_.empty()) return true;
   if (incoming_.load(std::memory_order_relaxed) != nullptr) return true;
   for (auto& r : rings_) {
     if (!r->empty_for_consumer()) return true;

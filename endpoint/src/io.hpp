@@ -11,6 +11,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -37,7 +38,7 @@ class IoThread;
 /// order. Lives as long as an operation or an unanswered Responder refers to it.
 class Session final : public Exchange, public std::enable_shared_from_this<Session> {
  public:
-  enum class Phase { kIdle, kReading, kHandling, kWriting, kClosed };
+  enum class Phase { kIdle, kReading, kQueued, kHandling, kWriting, kClosed };
 
   Session(IoThread& io, tcp::socket socket);
   ~Session() override;
@@ -46,6 +47,9 @@ class Session final : public Exchange, public std::enable_shared_from_this<Sessi
   /// Closes the socket; pending operations end with operation_aborted.
   void close();
 
+  /// Hands the request read to its route (after admission, see IoThread::admit).
+  void invoke();
+  IoThread& io() const { return io_; }
   Phase phase() const { return phase_; }
   /// When the current phase times out (none while a route handles the request: its bus
   /// deadline answers it).
@@ -65,6 +69,7 @@ class Session final : public Exchange, public std::enable_shared_from_this<Sessi
   tcp::socket socket_;
   beast::flat_buffer buffer_;
   std::optional<bh::request_parser<bh::string_body>> parser_;
+  std::optional<Request> request_;  // what the route sees; views into parser_'s message
   bh::response<bh::string_body> response_;
   Phase phase_ = Phase::kIdle;
   std::optional<Clock::time_point> deadline_;
@@ -136,7 +141,16 @@ class IoThread {
   absl::flat_hash_set<Session*> sessions;
   bool draining = false;
 
-  /// Called after a route handler ran: its request may have added an earlier bus timer.
+  /// Called before a route handler runs: the bus requests made until the current round of
+  /// ready I/O ends are published together (one release and at most one wake per executor,
+  /// instead of one per request), and the inbox's deadline timer is re-armed after them.
+  void batch_round();
+  /// Admission: true when `s` may call its route now; otherwise it waits its turn (FIFO).
+  /// Bounding what one I/O thread has in flight bounds its rings to the executors, so an
+  /// overload waits in the kernel's socket buffers (TCP back-pressure), not in 503s.
+  bool admit(Session& s);
+  /// A request admitted earlier was answered: the next waiting one goes.
+  void finished_one();
   void arm_bus_timer();
   /// Called when a session ends.
   void forget(Session* s);
@@ -159,6 +173,9 @@ class IoThread {
   asio::steady_timer sweep_timer_{ioc};
   asio::steady_timer grace_timer_{ioc};
   asio::steady_timer accept_retry_{ioc};
+  std::optional<Batch> batch_;  // open until the end of the current round
+  std::size_t in_flight_ = 0;
+  std::deque<std::shared_ptr<Session>> waiting_;
   bool finished_ = false;
   std::thread thread_;
 };

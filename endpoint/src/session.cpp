@@ -168,17 +168,27 @@ void Session::dispatch() {
     query.emplace_back(std::string(q.name.cStr(), q.name.size()),
                        std::string(q.value.cStr(), q.value.size()));
   }
-  Request req(*method, view(msg.target()), msg.body(), std::move(match->params), std::move(query),
-              &msg);
+  request_.emplace(*method, view(msg.target()), msg.body(), std::move(match->params),
+                   std::move(query), &msg);
+  deadline_.reset();  // the route's deadline answers it, whether it waits for a turn or runs
+  if (!io_.admit(*this)) {
+    phase_ = Phase::kQueued;  // the I/O thread has max_in_flight requests out: wait for a turn
+    return;
+  }
+  invoke();
+}
+
+void Session::invoke() {
   phase_ = Phase::kHandling;
-  deadline_.reset();
-  io_.server.entries[route_].handler(req, Responder(shared_from_this(), ++ticket_));
-  io_.arm_bus_timer();
+  io_.batch_round();
+  io_.server.entries[route_].handler(*request_, Responder(shared_from_this(), ++ticket_));
 }
 
 void Session::answer(uint64_t ticket, Reply&& reply) {
+  io_.finished_one();  // every Responder answers exactly once, stale or not
   // A stale answer: the connection was closed (timeout, shutdown) while the route worked.
   if (ticket != ticket_ || phase_ != Phase::kHandling) return;
+  request_.reset();
   write(std::move(reply), nullptr);
 }
 
@@ -223,7 +233,15 @@ IoThread::~IoThread() { join(); }
 void IoThread::start(const tcp::endpoint& at, std::mutex& mu, std::condition_variable& cv,
                      bool& ready) {
   beast::error_code ec;
-  acceptor_.open(at.protocol(), ec);
+  if (index == 0 && at.port() != 0) {
+    // SO_REUSEPORT would let this server share a port another server (of the same user)
+    // listens on. A plain bind first tells whether the port is taken.
+    tcp::acceptor probe(ioc);
+    probe.open(at.protocol(), ec);
+    if (!ec) probe.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) probe.bind(at, ec);
+  }
+  if (!ec) acceptor_.open(at.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) {
     // Every I/O thread listens on the same port; the kernel spreads the connections.
@@ -261,8 +279,10 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
   // Stopped. Close what is left, let the aborted operations release their sessions, then close
   // the inbox: requests still pending are cancelled and their answers go nowhere.
   for (Session* s : std::vector<Session*>(sessions.begin(), sessions.end())) s->close();
+  waiting_.clear();
   ioc.restart();
   ioc.poll();
+  batch_.reset();
   inbox_.reset();
   ioc.poll();
   wake_.reset();
@@ -324,6 +344,44 @@ void IoThread::wait_for_wake() {
     inbox_->drain();  // replies: their Responders start the writes
     arm_bus_timer();
     wait_for_wake();
+  });
+}
+
+bool IoThread::admit(Session& s) {
+  if (in_flight_ < server.options.max_in_flight()) {
+    ++in_flight_;
+    return true;
+  }
+  waiting_.push_back(s.shared_from_this());
+  return false;
+}
+
+void IoThread::finished_one() {
+  --in_flight_;
+  while (!waiting_.empty() && in_flight_ < server.options.max_in_flight()) {
+    std::shared_ptr<Session> next = std::move(waiting_.front());
+    waiting_.pop_front();
+    if (next->phase() != Session::Phase::kQueued) continue;  // closed while it waited
+    ++in_flight_;
+    // Posted, not called: a route answering at once would otherwise nest one call per waiter.
+    asio::post(ioc, [next] {
+      if (next->phase() == Session::Phase::kQueued) {
+        next->invoke();
+      } else {
+        next->io().finished_one();
+      }
+    });
+  }
+}
+
+void IoThread::batch_round() {
+  if (batch_) return;
+  batch_.emplace(server.bus);
+  // A handler posted now runs after the completions Asio already has queued (this round's
+  // ready sockets), so the batch spans every request they make.
+  asio::post(ioc, [this] {
+    batch_.reset();
+    arm_bus_timer();
   });
 }
 

@@ -20,6 +20,7 @@ ABSL_FLAG(std::string, address, "127.0.0.1", "address to listen on");
 ABSL_FLAG(uint16_t, port, 8080, "HTTP port");
 ABSL_FLAG(unsigned, io_threads, 1, "HTTP I/O threads");
 ABSL_FLAG(unsigned, executors, 1, "bus executors");
+ABSL_FLAG(int, spin_us, 50, "how long an idle executor spins before it parks (microseconds)");
 ABSL_FLAG(size_t, max_connections, 20000, "open connections allowed");
 ABSL_FLAG(bool, direct, false, "answer on the I/O thread, without the bus");
 ABSL_FLAG(std::string, peers, "",
@@ -31,7 +32,9 @@ using namespace greeting_app;
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  bus::Bus bus(bus::Options().executors(absl::GetFlag(FLAGS_executors)));
+  bus::Bus bus(bus::Options()
+                   .executors(absl::GetFlag(FLAGS_executors))
+                   .spin(std::chrono::microseconds(absl::GetFlag(FLAGS_spin_us))));
 
   std::unique_ptr<bus::net::Node> node;
   std::string peers = absl::GetFlag(FLAGS_peers);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <bus/bus.hpp>
 #include <chrono>
+#include <future>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -256,6 +257,20 @@ TEST(Stats, SendWithoutAConsumerIsRefusedAndCounted) {
   EXPECT_EQ(bus.send(orphan_jobs, 1).code(), absl::StatusCode::kUnavailable);
   const auto& c = channel(bus.stats(), "stats_test.orphan_jobs");
   EXPECT_EQ(c.failed, 1u);
+  EXPECT_EQ(c.published, 0u);
+}
+
+TEST(Stats, RefusedRequestsAreCountedOnce) {
+  static const bus::Endpoint<int, int> nobody{"stats_test.nobody"};
+  bus::Bus bus(bus::Options().executors(1));
+  EXPECT_EQ(bus.call(nobody, 1, std::chrono::seconds(5)).status().code(),
+            absl::StatusCode::kUnavailable);
+  std::promise<absl::StatusCode> code;
+  bus.request(nobody, 2, std::chrono::seconds(5),
+              [&](absl::StatusOr<int> r) { code.set_value(r.status().code()); });
+  EXPECT_EQ(code.get_future().get(), absl::StatusCode::kUnavailable);
+  const auto& c = channel(bus.stats(), "stats_test.nobody");
+  EXPECT_EQ(c.failed, 2u);
   EXPECT_EQ(c.published, 0u);
 }
 

@@ -593,8 +593,7 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
       p, detail::RequestEnvelope<Req, Rep>{std::move(req), corr, &home, nullptr, deadline});
   c.leave(p);
   if (!s.ok()) {
-    p.counters.add(endpoint.id(), detail::kFailed);
-    fail(std::move(s));
+    fail(std::move(s));  // counted as failed by route()
     return;
   }
   p.counters.add(endpoint.id(), detail::kPublished);
@@ -624,10 +623,7 @@ absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req,
       p,
       detail::RequestEnvelope<Req, Rep>{Req(std::forward<R>(req)), 0, nullptr, waiter, deadline});
   c.leave(p);
-  if (!s.ok()) {
-    p.counters.add(endpoint.id(), detail::kFailed);
-    return s;
-  }
+  if (!s.ok()) return s;  // counted as failed by route()
   p.counters.add(endpoint.id(), detail::kPublished);
   p.flush();  // inside a Batch the request would otherwise wait for the batch to end
   using W = detail::Waiter<Rep>;
@@ -677,6 +673,13 @@ absl::Status Bus::post_to(detail::Inbox& inbox, F&& fn) {
   detail::Core& c = *core_;
   detail::Producer& p = c.producer();
   if (!c.enter(p)) return detail::Core::stopped_status();
+  if (!p.executor && &inbox == p.own_inbox) {
+    // An event loop posting to itself (a request's failure, a reply for its own thread): its
+    // ring could be full, and only this thread drains it. Keep it in the inbox instead.
+    inbox.defer(std::forward<F>(fn));
+    c.leave(p);
+    return absl::OkStatus();
+  }
   using Fn = std::decay_t<F>;
   absl::Status s = c.send<Fn>(p, inbox, &detail::ClosureTarget<Fn>::kTarget, Overflow::kBlock,
                               UINT32_MAX, std::forward<F>(fn));

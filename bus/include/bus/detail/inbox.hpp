@@ -96,6 +96,13 @@ class Inbox {
   }
 
   using TimerFn = absl::AnyInvocable<void()>;
+  /// Runs `fn` at the start of the owner's next run_once(), without a ring: an external loop
+  /// posting to its own inbox must not wait for room in a ring only it can drain. (Executors
+  /// post to themselves through their ring: they hold records back instead of waiting.)
+  void defer(TimerFn fn);
+  /// Runs what defer() queued; returns how many ran.
+  std::size_t run_deferred();
+
   /// Timers. `essential` timers (request deadlines) keep firing while the bus drains at stop;
   /// the others are cancelled when stop() begins. Returns 0 when the bus no longer takes timers.
   /// Ids come from any thread (a timer can be named before the closure adding it arrives).
@@ -156,6 +163,7 @@ class Inbox {
   uint64_t firing_ = 0;  // id of the periodic timer being run
   bool firing_cancelled_ = false;
   absl::flat_hash_map<uint64_t, Pending> pending_;
+  std::vector<TimerFn> deferred_;
   uint64_t last_correlation_ = 0;
 };
 

@@ -326,6 +326,7 @@ struct EndpointState : ChannelState {
   absl::Status route(Producer& p, Envelope&& env) {
     auto* t = pick(p, targets.load(), channel, key, static_cast<const Req&>(env.request));
     if (t == nullptr) {
+      p.counters.add(channel, kFailed);  // (a full ring is counted by send())
       return absl::UnavailableError(
           absl::StrCat("bus: no handler serves endpoint '", channel_info(channel).name, "'"));
     }

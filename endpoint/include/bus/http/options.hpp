@@ -39,6 +39,13 @@ class ServerOptions {
     max_connections_ = n;
     return *this;
   }
+  /// Requests one I/O thread has handed to routes and not yet answered; more wait their turn
+  /// in order (their connections are not read meanwhile). It bounds the thread's rings to the
+  /// executors: keep it under ring_bytes / ~200 bytes per request record.
+  ServerOptions& max_in_flight(std::size_t n) {
+    max_in_flight_ = n == 0 ? 1 : n;
+    return *this;
+  }
   /// Request line plus headers (431 beyond), and body (413 beyond).
   ServerOptions& max_header_bytes(std::size_t n) {
     max_header_bytes_ = n;
@@ -89,6 +96,7 @@ class ServerOptions {
   uint16_t port() const { return port_; }
   unsigned io_threads() const { return io_threads_; }
   std::size_t max_connections() const { return max_connections_; }
+  std::size_t max_in_flight() const { return max_in_flight_; }
   std::size_t max_header_bytes() const { return max_header_bytes_; }
   std::size_t max_body_bytes() const { return max_body_bytes_; }
   Duration read_timeout() const { return read_timeout_; }
@@ -104,6 +112,7 @@ class ServerOptions {
   uint16_t port_ = 0;
   unsigned io_threads_ = 1;
   std::size_t max_connections_ = 10'000;
+  std::size_t max_in_flight_ = 256;
   std::size_t max_header_bytes_ = 8 * 1024;
   std::size_t max_body_bytes_ = 1024 * 1024;
   Duration read_timeout_ = std::chrono::seconds(10);
