@@ -26,30 +26,60 @@ capnp::JsonCodec& codec() {
 // Debian's Abseil has its own string_view type.
 absl::string_view av(std::string_view s) { return {s.data(), s.size()}; }
 
-/// Sets `out` to the JSON form of a parameter's text for `field`'s type.
-absl::Status param_value(capnp::StructSchema::Field field, std::string_view name,
-                         std::string_view text, capnp::JsonValue::Builder out) {
-  capnp::Type t = field.getType();
-  if (t.isBool()) {
-    if (text == "true" || text == "false") {
-      out.setBoolean(text == "true");
-      return absl::OkStatus();
-    }
+/// Sets `field` from a parameter's text, converted to the field's type (no JSON involved).
+absl::Status set_param(capnp::DynamicStruct::Builder out, capnp::StructSchema::Field field,
+                       std::string_view name, std::string_view text) {
+  auto wrong = [&](std::string_view what) {
     return absl::InvalidArgumentError(
-        absl::StrCat("parameter '", av(name), "' must be true or false, not '", av(text), "'"));
-  }
-  if (t.isFloat32() || t.isFloat64()) {
-    double d;
-    if (!absl::SimpleAtod(av(text), &d)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", av(name), "' must be a number, not '", av(text), "'"));
+        absl::StrCat("parameter '", av(name), "' must be ", av(what), ", not '", av(text), "'"));
+  };
+  std::string value(text);  // NUL-terminated, as Cap'n Proto's text readers want
+  switch (field.getType().which()) {
+    case capnp::schema::Type::TEXT: out.set(field, capnp::Text::Reader(value.c_str())); break;
+    case capnp::schema::Type::DATA:
+      out.set(field,
+              capnp::Data::Reader(reinterpret_cast<const kj::byte*>(value.data()), value.size()));
+      break;
+    case capnp::schema::Type::BOOL:
+      if (value != "true" && value != "false") return wrong("true or false");
+      out.set(field, value == "true");
+      break;
+    case capnp::schema::Type::INT8:
+    case capnp::schema::Type::INT16:
+    case capnp::schema::Type::INT32:
+    case capnp::schema::Type::INT64: {
+      int64_t v;
+      if (!absl::SimpleAtoi(av(value), &v)) return wrong("an integer");
+      out.set(field, v);  // the dynamic API range-checks (a kj exception: 400 below)
+      break;
     }
-    out.setNumber(d);
-    return absl::OkStatus();
+    case capnp::schema::Type::UINT8:
+    case capnp::schema::Type::UINT16:
+    case capnp::schema::Type::UINT32:
+    case capnp::schema::Type::UINT64: {
+      uint64_t v;
+      if (!absl::SimpleAtoi(av(value), &v)) return wrong("an unsigned integer");
+      out.set(field, v);
+      break;
+    }
+    case capnp::schema::Type::FLOAT32:
+    case capnp::schema::Type::FLOAT64: {
+      double v;
+      if (!absl::SimpleAtod(av(value), &v)) return wrong("a number");
+      out.set(field, v);
+      break;
+    }
+    case capnp::schema::Type::ENUM: {
+      capnp::EnumSchema e = field.getType().asEnum();
+      KJ_IF_MAYBE (en, e.findEnumerantByName(value.c_str())) {
+        out.set(field, capnp::DynamicEnum(*en));
+      } else {
+        return wrong("one of the enumerants of " + std::string(e.getShortDisplayName().cStr()));
+      }
+      break;
+    }
+    default: return wrong("JSON in the body (its field is a struct or a list)");
   }
-  // Text, Data, enums (by enumerant name) and integers (the codec parses and range-checks
-  // integers given as strings, as it writes 64-bit ones) all go as JSON strings.
-  out.setString(kj::StringPtr(std::string(text).c_str()));
   return absl::OkStatus();
 }
 
@@ -57,16 +87,6 @@ absl::Status param_value(capnp::StructSchema::Field field, std::string_view name
 
 absl::Status fill(const Request& req, capnp::DynamicStruct::Builder out) {
   try {
-    capnp::MallocMessageBuilder scratch;
-    auto body = scratch.initRoot<capnp::JsonValue>();
-    std::string_view text = req.body();
-    if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
-      body.initObject(0);
-    } else {
-      codec().decodeRaw(kj::ArrayPtr<const char>(text.data(), text.size()), body);
-      if (!body.isObject()) return absl::InvalidArgumentError("the body must be a JSON object");
-    }
-
     // Parameters that name a field, path ones first (a query parameter cannot override them).
     capnp::StructSchema schema = out.getSchema();
     struct Param {
@@ -85,11 +105,26 @@ absl::Status fill(const Request& req, capnp::DynamicStruct::Builder out) {
     };
     take(req.params());
     take(req.query());
+
+    std::string_view text = req.body();
+    if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+      // No body (a GET): the parameters go straight into their fields.
+      for (const Param& p : params) {
+        if (absl::Status st = set_param(out, p.field, p.name, p.value); !st.ok()) return st;
+      }
+      return absl::OkStatus();
+    }
+
+    capnp::MallocMessageBuilder scratch(256);
+    auto body = scratch.initRoot<capnp::JsonValue>();
+    codec().decodeRaw(kj::ArrayPtr<const char>(text.data(), text.size()), body);
+    if (!body.isObject()) return absl::InvalidArgumentError("the body must be a JSON object");
     if (params.empty()) {
       codec().decode(body.asReader(), out);
       return absl::OkStatus();
     }
-
+    // The body's fields that no parameter overrides go through the codec; the parameters are
+    // set afterwards.
     auto fields = body.asReader().getObject();
     std::vector<capnp::JsonValue::Field::Reader> kept;
     for (auto f : fields) {
@@ -98,22 +133,18 @@ absl::Status fill(const Request& req, capnp::DynamicStruct::Builder out) {
       if (!overridden) kept.push_back(f);
     }
     auto merged = scratch.getOrphanage().newOrphan<capnp::JsonValue>();
-    auto obj = merged.get().initObject(static_cast<unsigned>(kept.size() + params.size()));
-    unsigned i = 0;
-    for (auto f : kept) {
-      obj[i].setName(f.getName());
-      obj[i++].setValue(f.getValue());
-    }
-    for (const Param& p : params) {
-      obj[i].setName(kj::StringPtr(std::string(p.name).c_str()));
-      if (absl::Status st = param_value(p.field, p.name, p.value, obj[i++].initValue()); !st.ok()) {
-        return st;
-      }
+    auto obj = merged.get().initObject(static_cast<unsigned>(kept.size()));
+    for (unsigned i = 0; i < kept.size(); ++i) {
+      obj[i].setName(kept[i].getName());
+      obj[i].setValue(kept[i].getValue());
     }
     codec().decode(merged.getReader(), out);
+    for (const Param& p : params) {
+      if (absl::Status st = set_param(out, p.field, p.name, p.value); !st.ok()) return st;
+    }
     return absl::OkStatus();
   } catch (const kj::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("bad JSON: ", e.getDescription().cStr()));
+    return absl::InvalidArgumentError(absl::StrCat("bad request: ", e.getDescription().cStr()));
   }
 }
 
