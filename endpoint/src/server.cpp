@@ -133,7 +133,9 @@ void Server::wait() {
     impl_->cv.wait(lock, [&] { return impl_->running == 0; });
   }
   for (auto& t : impl_->threads) t->join();
-  impl_->probe_servers.clear();
+  // Released, not cancelled: cancelling waits for each executor, and one may be stuck in a
+  // handler. The probe servers capture nothing and stay registered for the bus's lifetime.
+  for (Subscription& s : impl_->probe_servers) s.release();
 }
 
 void Server::run_until_signal() {

@@ -69,6 +69,7 @@ void Session::wait_for_request() {
 
 void Session::read_request() {
   phase_ = Phase::kReading;
+  started_ = Clock::now();  // latency counts from the request's first byte
   // The whole request must arrive within read_timeout of its first byte: a client trickling
   // its headers is closed by the sweep.
   deadline_ = Clock::now() + io_.server.options.read_timeout();
@@ -119,7 +120,6 @@ void Session::refuse(Reply reply, bool close_after) {
 }
 
 void Session::dispatch() {
-  started_ = Clock::now();
   auto& msg = parser_->get();
   version_ = msg.version();
   keep_alive_ = msg.keep_alive();
@@ -278,10 +278,12 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
   accept();
   sweep();
   {
+    // Notified under the lock: start() owns `cv` and may return (destroying it) once it sees
+    // `ready`.
     std::lock_guard lock(mu);
     ready = true;
+    cv.notify_all();
   }
-  cv.notify_all();
 
   ioc.run();
 
