@@ -40,16 +40,18 @@ class Writer {
     absl::StrAppend(&out_, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
   }
   void sample(absl::string_view name, absl::string_view labels, uint64_t v) {
-    absl::StrAppend(&out_, name, labels.empty() ? "" : "{", labels, labels.empty() ? "" : "}", " ",
-                    v, "\n");
+    line(name, labels, absl::StrCat(v));
   }
   void sample(absl::string_view name, absl::string_view labels, double v) {
-    absl::StrAppend(&out_, name, labels.empty() ? "" : "{", labels, labels.empty() ? "" : "}", " ",
-                    absl::StrFormat("%.9g", v), "\n");
+    line(name, labels, absl::StrFormat("%.9g", v));
   }
   std::string take() { return std::move(out_); }
 
  private:
+  void line(absl::string_view name, absl::string_view labels, absl::string_view value) {
+    absl::StrAppend(&out_, name, labels.empty() ? "" : "{", labels, labels.empty() ? "" : "}", " ",
+                    value, "\n");
+  }
   std::string out_;
 };
 
@@ -77,6 +79,10 @@ void http_metrics(const MetricsView& v, Writer& w) {
            "Connections closed by the read, idle or write timeout.");
   w.sample("bus_http_connections_timed_out_total", "",
            total([](const IoCounters& c) -> auto& { return c.timed_out; }));
+  w.family("bus_http_requests_waiting", "gauge",
+           "Requests read and waiting for a turn (the I/O thread has max_in_flight out).");
+  w.sample("bus_http_requests_waiting", "",
+           total([](const IoCounters& c) -> auto& { return c.waiting; }));
   w.family("bus_http_bad_requests_total", "counter",
            "Requests refused before routing: malformed HTTP, headers or body over the limits.");
   w.sample("bus_http_bad_requests_total", "",

@@ -43,6 +43,7 @@ struct IoCounters {
   std::atomic<uint64_t> timed_out{0};
   std::atomic<uint64_t> bad_requests{0};
   std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> waiting{0};  // a gauge: requests waiting for their turn (max_in_flight)
 };
 
 struct RouteLabel {

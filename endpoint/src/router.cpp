@@ -57,11 +57,9 @@ std::optional<Router::Match> Router::match(Method method, const std::vector<std:
   // the routes were added in.
   const Route* best = nullptr;
   std::size_t best_literals = 0;
-  std::vector<Method> allowed;
   for (const Route& r : routes_) {
-    if (!fits(r, path)) continue;
-    allowed.push_back(r.method);
     if (r.method != method && !(method == Method::kHead && r.method == Method::kGet)) continue;
+    if (!fits(r, path)) continue;
     auto literals = static_cast<std::size_t>(
         std::count_if(r.segments.begin(), r.segments.end(), [](auto& s) { return !s.empty(); }));
     if (best == nullptr || literals > best_literals ||
@@ -77,6 +75,11 @@ std::optional<Router::Match> Router::match(Method method, const std::vector<std:
       if (best->segments[i].empty()) m.params.emplace_back(best->params[p++], path[i]);
     }
     return m;
+  }
+  // A miss (rare): which methods does this path have, for 405 and its Allow header?
+  std::vector<Method> allowed;
+  for (const Route& r : routes_) {
+    if (fits(r, path)) allowed.push_back(r.method);
   }
   if (miss != nullptr) {
     miss->path_known = !allowed.empty();

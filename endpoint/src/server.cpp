@@ -162,6 +162,7 @@ ServerStats Server::stats() const {
     out.connections_refused += t->io.refused.load(std::memory_order_relaxed);
     out.connections_timed_out += t->io.timed_out.load(std::memory_order_relaxed);
     out.requests += t->io.requests.load(std::memory_order_relaxed);
+    out.requests_waiting += t->io.waiting.load(std::memory_order_relaxed);
     out.bad_requests += t->io.bad_requests.load(std::memory_order_relaxed);
   }
   return out;

@@ -134,24 +134,27 @@ void Session::dispatch() {
         nullptr);
   }
 
-  std::string target(view(msg.target()));
+  std::string_view target = view(msg.target());
   std::vector<std::string_view> path;
   Request::Fields query;
   kj::Maybe<kj::Url> url;
-  if (target.front() == '/' && target.find_first_of("%?#.+\\") == std::string::npos) {
+  if (target.front() == '/' && target.find_first_of("%?#.+\\") == std::string_view::npos) {
     // Nothing to decode, no query, no dot segments: the path is its '/'-separated segments
     // (empty ones dropped, as kj::Url does). Saves kj::Url's allocations on the common request.
-    for (absl::string_view seg : absl::StrSplit(target, '/', absl::SkipEmpty())) {
+    for (absl::string_view seg :
+         absl::StrSplit(absl::string_view(target.data(), target.size()), '/', absl::SkipEmpty())) {
       path.emplace_back(seg.data(), seg.size());
     }
   } else {
-    url = kj::Url::tryParse(target, kj::Url::HTTP_REQUEST);
+    url = kj::Url::tryParse(std::string(target), kj::Url::HTTP_REQUEST);
     kj::Url* parsed = nullptr;
     KJ_IF_MAYBE (u, url) {
       parsed = u;
     }
     if (parsed == nullptr) {
-      return refuse(Reply::error(400, "bad_request", "malformed request target: " + target), false);
+      return refuse(
+          Reply::error(400, "bad_request", "malformed request target: " + std::string(target)),
+          false);
     }
     path.reserve(parsed->path.size());
     for (const kj::String& seg : parsed->path) path.emplace_back(seg.cStr(), seg.size());
@@ -167,18 +170,18 @@ void Session::dispatch() {
     route_ = io_.server.unmatched;
     if (miss.path_known) {
       return write(Reply::error(405, "method_not_allowed",
-                                std::string(to_string(*method)) + " is not allowed on " + target +
-                                    " (allowed: " + miss.allow + ")"),
+                                std::string(to_string(*method)) + " is not allowed on " +
+                                    std::string(target) + " (allowed: " + miss.allow + ")"),
                    &miss.allow);
     }
-    return write(Reply::error(404, "not_found",
-                              "no route for " + std::string(to_string(*method)) + " " + target),
-                 nullptr);
+    return write(
+        Reply::error(404, "not_found",
+                     "no route for " + std::string(to_string(*method)) + " " + std::string(target)),
+        nullptr);
   }
 
   route_ = match->route;
-  request_.emplace(*method, view(msg.target()), msg.body(), std::move(match->params),
-                   std::move(query), &msg);
+  request_.emplace(*method, target, msg.body(), std::move(match->params), std::move(query), &msg);
   deadline_.reset();  // the route's deadline answers it, whether it waits for a turn or runs
   if (!io_.admit(*this)) {
     phase_ = Phase::kQueued;  // the I/O thread has max_in_flight requests out: wait for a turn
@@ -364,6 +367,7 @@ bool IoThread::admit(Session& s) {
     return true;
   }
   waiting_.push_back(s.shared_from_this());
+  io.waiting.store(waiting_.size(), std::memory_order_relaxed);
   return false;
 }
 
@@ -372,6 +376,7 @@ void IoThread::finished_one() {
   while (!waiting_.empty() && in_flight_ < server.options.max_in_flight()) {
     std::shared_ptr<Session> next = std::move(waiting_.front());
     waiting_.pop_front();
+    io.waiting.store(waiting_.size(), std::memory_order_relaxed);
     if (next->phase() != Session::Phase::kQueued) continue;  // closed while it waited
     ++in_flight_;
     // Posted, not called: a route answering at once would otherwise nest one call per waiter.

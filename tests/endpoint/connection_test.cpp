@@ -161,13 +161,17 @@ TEST(Connections, RequestSlowerThanTheReadAndIdleTimeoutsIsStillAnswered) {
   Connection c(http.port());
   ASSERT_TRUE(c.send("GET", "/slow/patient"));
   ASSERT_TRUE(bus_test::eventually([&] { return blocker.entered.load() == 1; }));
-  // Several sweeps pass while the route works: they must leave the connection alone.
-  std::this_thread::sleep_for(600ms);
+  // A witness connection that stays idle: once the sweep has closed it, the idle and read
+  // timeouts have passed for the working connection too, which the sweep must leave alone.
+  {
+    Connection witness(http.port());
+    ASSERT_TRUE(bus_test::eventually([&] { return http.stats().connections_timed_out == 1; }));
+  }
   blocker.gate.open();
   auto r = c.read();
   EXPECT_EQ(r.status, 200u) << describe(r);
   EXPECT_EQ(r.body, R"({"tag":"patient"})");
-  EXPECT_EQ(http.stats().connections_timed_out, 0u);
+  EXPECT_EQ(http.stats().connections_timed_out, 1u);  // the witness only
 }
 
 TEST(Connections, RequestsOverMaxInFlightWaitTheirTurnAndAreAllAnswered) {
@@ -189,8 +193,8 @@ TEST(Connections, RequestsOverMaxInFlightWaitTheirTurnAndAreAllAnswered) {
     ASSERT_TRUE(clients.back().send("GET", "/slow/t" + std::to_string(i)));
   }
   ASSERT_TRUE(bus_test::eventually([&] { return blocker.entered.load() == 2; }));
-  // Three executors could take three: the third request must still be waiting for a turn.
-  std::this_thread::sleep_for(200ms);
+  // Three executors could take three: the other three requests wait for a turn instead.
+  ASSERT_TRUE(bus_test::eventually([&] { return http.stats().requests_waiting == 3; }));
   EXPECT_EQ(blocker.entered.load(), 2);
   blocker.gate.open();
   for (int i = 0; i < kClients; ++i) {

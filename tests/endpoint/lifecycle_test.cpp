@@ -146,7 +146,6 @@ TEST(Shutdown, RequestStillInFlightPastTheGraceHasItsConnectionClosed) {
   auto r = a.read();
   EXPECT_EQ(r.status, 0u) << "answered although the handler never returned: " << describe(r);
   EXPECT_TRUE(a.closed_by_peer());
-  // Let the handler go before the server is destroyed (see the next test).
   services.blocker.gate.open();
   EXPECT_TRUE(wait_returns(http, 30s, [] {}));
 }

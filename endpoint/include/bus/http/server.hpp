@@ -119,6 +119,7 @@ struct ServerStats {
   uint64_t connections_refused = 0;    // over max_connections: answered 503 and closed
   uint64_t connections_timed_out = 0;  // read, idle or write timeout
   uint64_t requests = 0;               // answered, every status
+  uint64_t requests_waiting = 0;       // read, waiting for a turn (max_in_flight)
   uint64_t bad_requests = 0;           // unparseable HTTP, headers or body over the limits
 };
 
