@@ -13,7 +13,8 @@
 #
 # Environment (defaults in brackets):
 #   RUNS [5]  DURATION [10] (seconds per measurement)  THREADS ["1 2"]  CONNS ["100 1000 10000"]
-#   SERVERS ["bus direct nginx"]  PORT [18080] (bus; direct +1, nginx +2)  PAUSE [2] (seconds
+#   SERVERS ["bus direct nginx"]  BUS_ARGS ["--spin_us 0": extra greeting_server flags for bus; its
+#   executor shares the I/O thread's cores, so it parks at once instead of spinning]  PORT [18080] (bus; direct +1, nginx +2)  PAUSE [2] (seconds
 #   between measurements)  BUILD_DIR [build-bench]  JOBS [2]  OUT [bench/results/http-<date>-<commit>.txt]
 #
 # The whole log (machine, raw wrk output of every measurement, summary) is appended to OUT.
@@ -26,11 +27,12 @@ THREADS=${THREADS:-"1 2"}
 CONNS=${CONNS:-"100 1000 10000"}
 SERVERS=${SERVERS:-"bus direct nginx"}
 PORT=${PORT:-18080}
+BUS_ARGS=${BUS_ARGS-"--spin_us 0"}
 PAUSE=${PAUSE:-2}
 build=${BUILD_DIR:-build-bench}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 out=${OUT:-bench/results/http-$(date +%F)-$commit.txt}
-reproduce="RUNS=$RUNS DURATION=$DURATION THREADS=\"$THREADS\" CONNS=\"$CONNS\" SERVERS=\"$SERVERS\" bash bench/run_http.sh"
+reproduce="BUS_ARGS=\"$BUS_ARGS\" RUNS=$RUNS DURATION=$DURATION THREADS=\"$THREADS\" CONNS=\"$CONNS\" SERVERS=\"$SERVERS\" bash bench/run_http.sh"
 
 # --- dependencies and build (their output goes to $build/run_http-build.log, not to OUT) ---
 bash scripts/deps.sh wrk nginx-light
@@ -133,6 +135,7 @@ start_server() {  # kind threads: sets server_pid
     bus | direct)
       local args=(--port "$port" --io_threads "$t" --executors "$t" --max_connections 20000)
       [[ $kind == direct ]] && args+=(--direct)
+      [[ $kind == bus && -n ${BUS_ARGS:-} ]] && read -r -a extra <<<"$BUS_ARGS" && args+=("${extra[@]}")
       # taskset execs the program: $! is the server's pid.
       taskset -c "$cpus" "$greeting_server" "${args[@]}" >"$tmp/server.log" 2>&1 &
       ;;
