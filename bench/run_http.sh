@@ -13,9 +13,9 @@
 #
 # Environment (defaults in brackets):
 #   RUNS [5]  DURATION [10] (seconds per measurement)  THREADS ["1 2"]  CONNS ["100 1000 10000"]
-#   SERVERS ["bus direct nginx"]  BUS_ARGS ["--spin_us 0": extra greeting_server flags for bus; its
-#   executor shares the I/O thread's cores, so it parks at once instead of spinning]  PORT [18080] (bus; direct +1, nginx +2)  PAUSE [2] (seconds
-#   between measurements)  BUILD_DIR [build-bench]  JOBS [2]  OUT [bench/results/http-<date>-<commit>.txt]
+#   SERVERS ["bus direct nginx"]  PORT [18080] (bus; direct +1, nginx +2)  PAUSE [2] (seconds
+#   between measurements)  BUS_ARGS ["--spin_us 0"] (extra greeting_server flags for bus: its
+#   executor shares the I/O thread's cores, so it parks at once instead of spinning)  BUILD_DIR [build-bench]  JOBS [2]  OUT [bench/results/http-<date>-<commit>.txt]
 #
 # The whole log (machine, raw wrk output of every measurement, summary) is appended to OUT.
 set -euo pipefail
