@@ -18,6 +18,12 @@ Bus::~Bus() {
   (void)stop();
   // Registrations cancel against a stopped bus: they only drop their handlers.
   kept_.clear();
+  for (auto& life : services_) {
+    life->alive.store(false, std::memory_order_relaxed);
+    life->subs.clear();
+    life->periodic.clear();
+    life->state.reset();
+  }
 }
 
 absl::Status Bus::stop() { return core_->stop(); }
@@ -56,9 +62,56 @@ void Bus::keep(Subscription s) {
   kept_.push_back(std::move(s));
 }
 
-void Bus::keep_service(std::shared_ptr<void> state) {
+detail::ServiceLife* Bus::keep_service(std::shared_ptr<void> state) {
+  auto life = std::make_unique<detail::ServiceLife>();
+  life->state = std::move(state);
   std::lock_guard lock(keep_mu_);
-  services_.push_back(std::move(state));
+  services_.push_back(std::move(life));
+  return services_.back().get();
+}
+
+void Bus::stop_service(detail::ServiceLife& life, unsigned executor) {
+  std::vector<Subscription> subs;
+  std::vector<TimerId> periodic;
+  // The state travels in a holder: if the executor cannot take it any more, it comes back.
+  auto holder = std::make_shared<std::shared_ptr<void>>();
+  {
+    std::lock_guard lock(life.mu);
+    subs.swap(life.subs);
+    periodic.swap(life.periodic);
+    holder->swap(life.state);
+  }
+  if (!*holder) return;  // stopped already
+  auto give_back = [&] {
+    std::lock_guard lock(life.mu);
+    life.state = std::move(*holder);  // destroyed by ~Bus, once no executor runs
+  };
+  detail::Inbox& in = core_->executor(executor);
+  if (current_executor() == executor) {
+    // From one of its own handlers: nothing of it runs from here on, and the state goes when
+    // the running handler has returned (the closure queues behind it).
+    life.alive.store(false, std::memory_order_relaxed);
+    for (TimerId t : periodic) cancel(t);
+    subs.clear();  // the removals are posted to this executor
+    if (!post_to(in, [holder] { holder->reset(); }).ok()) give_back();
+    return;
+  }
+  // From another thread: each cancel returns once its handler cannot run again; then the
+  // state goes on the executor, between two of its records.
+  subs.clear();
+  for (TimerId t : periodic) cancel(t);
+  absl::Status s = run_on(
+      in,
+      [&life, holder] {
+        life.alive.store(false, std::memory_order_relaxed);
+        holder->reset();
+      },
+      /*wait=*/true);
+  if (!s.ok()) {
+    // The bus is stopping: its executors may still be draining, so the state stays until ~Bus.
+    life.alive.store(false, std::memory_order_relaxed);
+    give_back();
+  }
 }
 
 Stats Bus::stats() const {

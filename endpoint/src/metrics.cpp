@@ -247,4 +247,56 @@ std::string render_metrics(const MetricsView& v) {
   return w.take();
 }
 
+namespace {
+/// "GET /greeting/{name}" -> "GET.greeting_name": one dotted StatsD segment per part.
+std::string statsd_route(const RouteLabel& r) {
+  if (r.method.empty()) return "unmatched";  // requests no route took
+  std::string path;
+  for (char c : r.route) {
+    if (c == '{' || c == '}') continue;
+    path += c == '/' ? '_' : c;
+  }
+  if (!path.empty() && path[0] == '_') path.erase(0, 1);
+  return absl::StrCat(r.method, ".", path.empty() ? "root" : path);
+}
+}  // namespace
+
+void statsd_metrics(const MetricsView& v, StatsdSink& out) {
+  auto total = [&](auto get) {
+    uint64_t n = 0;
+    for (const IoCounters* io : v.io) n += get(*io).load(std::memory_order_relaxed);
+    return n;
+  };
+  out.gauge("http.connections.open", static_cast<double>(v.connections_open));
+  out.counter("http.connections.accepted",
+              total([](const IoCounters& c) -> auto& { return c.accepted; }));
+  out.counter("http.connections.refused",
+              total([](const IoCounters& c) -> auto& { return c.refused; }));
+  out.counter("http.connections.timed_out",
+              total([](const IoCounters& c) -> auto& { return c.timed_out; }));
+  out.counter("http.bad_requests",
+              total([](const IoCounters& c) -> auto& { return c.bad_requests; }));
+  out.gauge("http.requests.waiting",
+            static_cast<double>(total([](const IoCounters& c) -> auto& { return c.waiting; })));
+  const auto& routes = *v.routes;
+  for (std::size_t r = 0; r < routes.size(); ++r) {
+    std::string name = statsd_name(statsd_route(routes[r]));
+    uint64_t ns = 0, count = 0;
+    for (unsigned s = 0; s < 500; ++s) {
+      uint64_t n = 0;
+      for (const auto* per : v.counters)
+        n += (*per)[r]->by_status[s].load(std::memory_order_relaxed);
+      if (n > 0) out.counter(absl::StrCat("http.requests.", name, ".", s + 100), n);
+    }
+    for (const auto* per : v.counters) {
+      const RouteCounters& c = *(*per)[r];
+      for (const auto& b : c.latency) count += b.load(std::memory_order_relaxed);
+      ns += c.latency_ns.load(std::memory_order_relaxed);
+    }
+    if (count > 0) {
+      out.timing(absl::StrCat("http.latency.", name), count, static_cast<double>(ns) / 1e6);
+    }
+  }
+}
+
 }  // namespace bus::http::detail

@@ -13,6 +13,7 @@
 
 #include "bus/net/stats.hpp"
 #include "bus/stats.hpp"
+#include "bus/statsd.hpp"
 
 namespace bus::http::detail {
 
@@ -63,5 +64,8 @@ struct MetricsView {
 
 /// The Prometheus text format (version 0.0.4).
 std::string render_metrics(const MetricsView& view);
+/// The HTTP figures of `view` (not the bus's or the node's: they have sources of their own) as
+/// StatsD counters, gauges and timings.
+void statsd_metrics(const MetricsView& view, StatsdSink& out);
 
 }  // namespace bus::http::detail

@@ -28,6 +28,18 @@ Reply Reply::error(unsigned status, std::string_view error, std::string_view det
   return Reply::json(to_json(body.reader()), status);
 }
 
+namespace detail {
+Reply rate_limited(std::string_view limiter, std::chrono::milliseconds retry_after) {
+  // Retry-After is in whole seconds: round up, so that a client waiting that long is not early.
+  auto seconds = std::max<int64_t>(1, (retry_after.count() + 999) / 1000);
+  Reply r = Reply::error(429, "too_many_requests",
+                         absl::StrCat("rate limit '", std::string(limiter),
+                                      "' reached for this key; retry after ", seconds, " s"));
+  r.headers.emplace_back("Retry-After", std::to_string(seconds));
+  return r;
+}
+}  // namespace detail
+
 unsigned status_for(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kOk: return 200;

@@ -239,6 +239,23 @@ void Server::Impl::serve_health(const Request&, Responder respond) {
   }
 }
 
+StatsdSource Server::statsd_source() const {
+  if (!impl_->started) {
+    throw std::logic_error("bus::http::Server::statsd_source: call it after start()");
+  }
+  const Impl* impl = impl_.get();
+  return [impl](StatsdSink& out) {
+    detail::MetricsView v;
+    v.routes = &impl->labels;
+    for (const auto& t : impl->threads) {
+      v.counters.push_back(&t->counters);
+      v.io.push_back(&t->io);
+    }
+    v.connections_open = impl->open.load(std::memory_order_relaxed);
+    detail::statsd_metrics(v, out);
+  };
+}
+
 Reply Server::Impl::serve_metrics() const {
   detail::MetricsView v;
   v.routes = &labels;

@@ -212,6 +212,7 @@ void Session::write(Reply&& reply, const std::string* allow) {
   response_.result(reply.status);
   response_.set(bh::field::content_type, reply.content_type);
   if (allow != nullptr) response_.set(bh::field::allow, *allow);
+  for (const auto& [name, value] : reply.headers) response_.set(name, value);
   bool keep = keep_alive_ && !close_after_ && !io_.draining;
   response_.keep_alive(keep);
   response_.body() = std::move(reply.body);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bus/net/limiter.hpp>
 #include <bus/net/node.hpp>
 #include <chrono>
 #include <csignal>
@@ -50,6 +51,9 @@ constexpr char kUsage[] =
     "  --hold-requests          the stats handler waits for the command 'release'\n"
     "  --import-stats           call the stats endpoint (command: call)\n"
     "  --import-mistyped-stats  call the stats name with a Reading request (command: call)\n"
+    "  --limit=N                a shared rate limiter 'fixture', N per key per window (commands:\n"
+    "                           admit KEY N, known KEY, exchange)\n"
+    "  --limit-window-ms=N --limit-exchange-ms=N (0: only on the command 'exchange')\n"
     "  --parent=PID             exit at once if PID is no longer the parent\n";
 
 struct Flags {
@@ -67,6 +71,7 @@ struct Flags {
   bool export_readings = false, import_readings = false, export_mistyped = false;
   bool serve = false, hold = false, import_stats = false, import_mistyped = false;
   long parent = 0;
+  long limit = 0, limit_window_ms = 3'600'000, limit_exchange_ms = 0;
 };
 
 std::optional<Flags> parse(int argc, char** argv) {
@@ -80,7 +85,10 @@ std::optional<Flags> parse(int argc, char** argv) {
   const std::map<std::string_view, long*> numbers = {{"--heartbeat-ms", &f.heartbeat_ms},
                                                      {"--dead-after", &f.dead_after},
                                                      {"--stall-limit-ms", &f.stall_limit_ms},
-                                                     {"--parent", &f.parent}};
+                                                     {"--parent", &f.parent},
+                                                     {"--limit", &f.limit},
+                                                     {"--limit-window-ms", &f.limit_window_ms},
+                                                     {"--limit-exchange-ms", &f.limit_exchange_ms}};
   const std::map<std::string_view, bool*> switches = {
       {"--export-readings", &f.export_readings},
       {"--import-readings", &f.import_readings},
@@ -227,6 +235,14 @@ int main(int argc, char** argv) {
   }
   if (f.import_stats) node->import_endpoint(integ::stats());
   if (f.import_mistyped) node->import_endpoint(integ::mistyped_stats());
+  std::optional<bus::net::RateLimiter> limiter;
+  if (f.limit > 0) {
+    limiter.emplace(bus, *node, "fixture",
+                    bus::net::LimiterOptions()
+                        .limit(static_cast<uint64_t>(f.limit))
+                        .window(std::chrono::milliseconds(f.limit_window_ms))
+                        .exchange(std::chrono::milliseconds(f.limit_exchange_ms)));
+  }
 
   say(absl::StrCat("ready id=", node->id(), " publish=", node->publish_endpoint(), " requests=",
                    node->request_endpoint().empty() ? "-" : node->request_endpoint()));
@@ -281,6 +297,18 @@ int main(int argc, char** argv) {
               ? call(bus, integ::mistyped_stats(), integ::reading(f.name, 1), arg(1, 1), timeout)
               : call(bus, integ::stats(), integ::ask(f.name), arg(1, 1), timeout);
       say(describe(r));
+    } else if (cmd == "admit" && limiter && w.size() >= 3) {
+      long n = std::stol(w[2]);
+      uint64_t admitted = 0;
+      for (long i = 0; i < n; ++i) admitted += limiter->admit(w[1]).admitted ? 1 : 0;
+      say(absl::StrCat("admitted n=", admitted, " known=", limiter->known(w[1])));
+    } else if (cmd == "known" && limiter && w.size() >= 2) {
+      bus::net::LimiterStats ls = limiter->stats();
+      say(absl::StrCat("known n=", limiter->known(w[1]), " received=", ls.received,
+                       " over_admitted=", ls.over_admitted));
+    } else if (cmd == "exchange" && limiter) {
+      limiter->exchange();
+      say("exchanged");
     } else if (cmd == "report") {
       bus::net::NodeStats st = node->stats();
       auto rd = st.channel(integ::kReadings);
@@ -306,6 +334,7 @@ int main(int argc, char** argv) {
     }
   }
   gate.open();  // a held handler must return for the bus to stop
+  limiter.reset();
   node->stop();
   subs.clear();
   node.reset();

@@ -5,10 +5,12 @@
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
 
+#include <atomic>
 #include <chrono>
 #include <concepts>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
@@ -82,9 +84,24 @@ template <class S>
 class ServiceGroup;
 class Batch;
 class ExternalInbox;
+class Reactor;
 namespace net::detail {
 struct BusAccess;
 }
+
+namespace detail {
+/// What a service's handlers share: whether it still runs, its registrations and its state.
+/// Owned by the bus until the bus goes, so that handles and late callbacks can always look.
+struct ServiceLife {
+  /// Written on the service's executor (or once the executors are gone); handlers, timers and
+  /// replies read it there before touching the state.
+  std::atomic<bool> alive{true};
+  std::mutex mu;  // guards the two below (registrations come from any thread)
+  std::vector<Subscription> subs;
+  std::vector<TimerId> periodic;
+  std::shared_ptr<void> state;
+};
+}  // namespace detail
 
 /// The bus: executors, their inboxes and every channel's state. Handlers run on executors;
 /// any thread may publish. Destroying the bus stops it (draining what was accepted).
@@ -127,6 +144,13 @@ class Bus {
   template <class Req, class Rep, class F>
   requires std::invocable<F&, Req&&> Subscription serve(const Endpoint<Req, Rep>& endpoint,
                                                         F&& handler, Placement where = {});
+
+  /// Serves `endpoint` with answers that may come later: `handler(Req&&, bus::Replier<Rep>)`
+  /// keeps the replier (in a composition's continuation, say) and calls it once, from any
+  /// thread. The caller's deadline still applies; a replier dropped unanswered answers Internal.
+  template <class Req, class Rep, class F>
+  requires std::invocable<F&, Req&&, Replier<Rep>> Subscription
+  serve_async(const Endpoint<Req, Rep>& endpoint, F&& handler, Placement where = {});
 
   /// Sends a request; `callback(absl::StatusOr<Rep>)` runs exactly once, on the calling
   /// executor (or external inbox), with the reply or a status: DeadlineExceeded, Unavailable (no
@@ -187,6 +211,7 @@ class Bus {
   friend class Service;
   friend class Batch;
   friend class ExternalInbox;
+  friend class Reactor;
   friend struct net::detail::BusAccess;
 
   detail::Inbox& placed(Placement where);
@@ -218,18 +243,22 @@ class Bus {
   Subscription add_consumer(detail::Targets<Tgt>& targets, std::unique_ptr<Tgt> target);
   template <class F>
   TimerId schedule(Placement where, Clock::duration first, Clock::duration period, F&& fn);
+  /// The request goes to `to` when given (a fan-out), else to the server routing picks.
   template <class Req, class Rep, class F>
   void request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<Req, Rep>& endpoint,
-                    Req&& req, Clock::time_point deadline, F&& callback);
+                    Req&& req, Clock::time_point deadline, F&& callback,
+                    detail::EndpointTarget<Req, Rep>* to = nullptr);
   void keep(Subscription s);
-  void keep_service(std::shared_ptr<void> state);
+  detail::ServiceLife* keep_service(std::shared_ptr<void> state);
+  /// Stops a service: see Service::stop().
+  void stop_service(detail::ServiceLife& life, unsigned executor);
   template <class S, class... A>
   ServiceGroup<S> group(unsigned n, bool sharded, const A&... args);
 
   std::shared_ptr<detail::Core> core_;
   std::mutex keep_mu_;
   std::vector<Subscription> kept_;
-  std::vector<std::shared_ptr<void>> services_;
+  std::vector<std::unique_ptr<detail::ServiceLife>> services_;
 };
 
 /// Defers publication on a plain thread: records are built in the rings as usual but made
@@ -308,79 +337,130 @@ absl::StatusOr<Rep> invoke_handler(F& f, A&&... a) {
 }  // namespace detail
 
 /// A handle to state `S` pinned to one executor. Handlers take `(S&, message)`; member
-/// function pointers work too. Handles are cheap to copy; the bus owns the state.
+/// function pointers work too. Handles are cheap to copy; the bus owns the state until stop()
+/// or until the bus goes.
 template <class S>
 class Service {
  public:
   unsigned executor() const { return executor_; }
-  /// The state. Touch it only from the service's own handlers, or after the bus stopped.
+  /// The state. Touch it only from the service's own handlers, or after the bus stopped (and
+  /// never after stop()).
   S& state() const { return *state_; }
+  /// False once stop() began.
+  bool running() const { return life_->alive.load(std::memory_order_relaxed); }
 
   template <class T, class F>
   Service& subscribe(const Topic<T>& topic, F f) {
-    bus_->keep(bus_->subscribe(
-        topic, [s = state_, f = std::move(f)](const T& m) mutable { std::invoke(f, *s, m); },
+    return keep(bus_->subscribe(
+        topic,
+        [life = life_, s = state_, f = std::move(f)](const T& m) mutable {
+          if (life->alive.load(std::memory_order_relaxed)) std::invoke(f, *s, m);
+        },
         on_executor(executor_)));
-    return *this;
   }
   template <class T, class F>
   Service& consume(const Queue<T>& queue, F f) {
-    bus_->keep(bus_->consume(
-        queue, [s = state_, f = std::move(f)](T&& m) mutable { std::invoke(f, *s, std::move(m)); },
+    return keep(bus_->consume(
+        queue,
+        [life = life_, s = state_, f = std::move(f)](T&& m) mutable {
+          if (life->alive.load(std::memory_order_relaxed)) std::invoke(f, *s, std::move(m));
+        },
         on_executor(executor_)));
-    return *this;
   }
   template <class Req, class Rep, class F>
   Service& serve(const Endpoint<Req, Rep>& endpoint, F f) {
-    bus_->keep(bus_->serve(
+    return keep(bus_->serve(
         endpoint,
-        [s = state_, f = std::move(f)](Req&& r) mutable {
+        [life = life_, s = state_, &endpoint, f = std::move(f)](Req&& r) mutable {
+          if (!life->alive.load(std::memory_order_relaxed)) {
+            return absl::StatusOr<Rep>(absl::UnavailableError(
+                absl::StrCat("bus: the service serving '", endpoint.name(), "' has stopped")));
+          }
           return detail::invoke_handler<Rep>(f, *s, std::move(r));
         },
         on_executor(executor_)));
-    return *this;
   }
-  /// `fn(S&)` after `delay` / every `period`, on the service's executor.
+  /// Serves with answers that may come later: `f(S&, Req&&, bus::Replier<Rep>)` (see
+  /// Bus::serve_async). If the service stops first, the replier answers Unavailable.
+  template <class Req, class Rep, class F>
+  Service& serve_async(const Endpoint<Req, Rep>& endpoint, F f) {
+    return keep(bus_->serve_async(
+        endpoint,
+        [life = life_, s = state_, &endpoint, f = std::move(f)](Req&& r,
+                                                                Replier<Rep> reply) mutable {
+          if (!life->alive.load(std::memory_order_relaxed)) {
+            return reply(absl::UnavailableError(
+                absl::StrCat("bus: the service serving '", endpoint.name(), "' has stopped")));
+          }
+          std::invoke(f, *s, std::move(r), std::move(reply));
+        },
+        on_executor(executor_)));
+  }
+  /// `fn(S&)` after `delay` / every `period`, on the service's executor (never after stop()).
   template <class F>
   TimerId after(Clock::duration delay, F fn) {
-    return bus_->after(on_executor(executor_), delay,
-                       [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
+    return bus_->after(on_executor(executor_), delay, guarded(std::move(fn)));
   }
   template <class F>
   TimerId every(Clock::duration period, F fn) {
-    return bus_->every(on_executor(executor_), period,
-                       [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
+    TimerId id = bus_->every(on_executor(executor_), period, guarded(std::move(fn)));
+    std::lock_guard lock(life_->mu);
+    life_->periodic.push_back(id);
+    return id;
   }
-  /// `fn(S&)` on the service's executor.
+  /// `fn(S&)` on the service's executor (dropped if the service stops first).
   template <class F>
   absl::Status post(F fn) {
-    return bus_->post(on_executor(executor_),
-                      [s = state_, fn = std::move(fn)]() mutable { fn(*s); });
+    return bus_->post(on_executor(executor_), guarded(std::move(fn)));
   }
-  /// A request made by the service: `callback(S&, absl::StatusOr<Rep>)` runs on its executor.
+  /// A request made by the service: `callback(S&, absl::StatusOr<Rep>)` runs on its executor,
+  /// unless the service stopped meanwhile (then it does not run at all).
   template <class Req, class Rep, class F>
   void request(const Endpoint<Req, Rep>& endpoint, Req req, Clock::duration timeout, F callback) {
     auto deadline = Clock::now() + timeout;
     Bus* bus = bus_;
-    auto go = [bus, &endpoint, s = state_, req = std::move(req), deadline,
+    auto go = [bus, &endpoint, life = life_, s = state_, req = std::move(req), deadline,
                cb = std::move(callback)]() mutable {
+      if (!life->alive.load(std::memory_order_relaxed)) return;
       auto& p = bus->core_->producer();
-      bus->request_from(
-          p, *p.own_inbox, endpoint, std::move(req), deadline,
-          [s, cb = std::move(cb)](absl::StatusOr<Rep> r) mutable { cb(*s, std::move(r)); });
+      bus->request_from(p, *p.own_inbox, endpoint, std::move(req), deadline,
+                        [life, s, cb = std::move(cb)](absl::StatusOr<Rep> r) mutable {
+                          if (life->alive.load(std::memory_order_relaxed)) cb(*s, std::move(r));
+                        });
     };
     if (bus_->current_executor() == executor_) {
       go();
     } else if (absl::Status st = bus_->post(on_executor(executor_), std::move(go)); !st.ok()) {
-      callback(*state_, absl::StatusOr<Rep>(st));
+      if (running()) callback(*state_, absl::StatusOr<Rep>(st));
     }
   }
 
+  /// Stops the service: its handlers, timers and reply callbacks stop running, its
+  /// registrations are removed (queue and endpoint traffic goes to the other consumers, or
+  /// fails with Unavailable), and its state is destroyed on its executor. From another thread,
+  /// returns once that is done; from one of its own handlers, the state goes when that handler
+  /// returns. Requests it made that are still in flight are dropped when their replies come.
+  /// Idempotent.
+  void stop() { bus_->stop_service(*life_, executor_); }
+
  private:
   friend class Bus;
-  Service(Bus* bus, S* state, unsigned executor) : bus_(bus), state_(state), executor_(executor) {}
+  Service(Bus* bus, S* state, detail::ServiceLife* life, unsigned executor)
+      : bus_(bus), state_(state), life_(life), executor_(executor) {}
+  Service& keep(Subscription sub) {
+    std::lock_guard lock(life_->mu);
+    life_->subs.push_back(std::move(sub));
+    return *this;
+  }
+  template <class F>
+  auto guarded(F fn) {
+    return [life = life_, s = state_, fn = std::move(fn)]() mutable {
+      if (life->alive.load(std::memory_order_relaxed)) fn(*s);
+    };
+  }
   Bus* bus_;
   S* state_;
+  detail::ServiceLife* life_;
   unsigned executor_;
 };
 
@@ -409,6 +489,16 @@ class ServiceGroup {
     check_keyed(endpoint.key() != nullptr, endpoint.name());
     for (auto& m : members_) m.serve(endpoint, f);
     return *this;
+  }
+  template <class Req, class Rep, class F>
+  ServiceGroup& serve_async(const Endpoint<Req, Rep>& endpoint, F f) {
+    check_keyed(endpoint.key() != nullptr, endpoint.name());
+    for (auto& m : members_) m.serve_async(endpoint, f);
+    return *this;
+  }
+  /// Stops every member (see Service::stop()).
+  void stop() {
+    for (auto& m : members_) m.stop();
   }
 
  private:
@@ -528,6 +618,16 @@ requires std::invocable<F&, Req&&> Subscription Bus::serve(const Endpoint<Req, R
                           })));
 }
 
+template <class Req, class Rep, class F>
+requires std::invocable<F&, Req&&, Replier<Rep>> Subscription
+Bus::serve_async(const Endpoint<Req, Rep>& endpoint, F&& handler, Placement where) {
+  auto& st = endpoint_state(endpoint);
+  using Target = detail::EndpointTarget<Req, Rep>;
+  return add_consumer(st.targets,
+                      std::make_unique<Target>(endpoint.id(), placed(where), st,
+                                               typename Target::Async(std::forward<F>(handler))));
+}
+
 template <class Tgt>
 Subscription Bus::add_consumer(detail::Targets<Tgt>& targets, std::unique_ptr<Tgt> owned) {
   Tgt* target;
@@ -570,7 +670,8 @@ void Bus::request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration t
 
 template <class Req, class Rep, class F>
 void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<Req, Rep>& endpoint,
-                       Req&& req, Clock::time_point deadline, F&& callback) {
+                       Req&& req, Clock::time_point deadline, F&& callback,
+                       detail::EndpointTarget<Req, Rep>* to) {
   detail::Core& c = *core_;
   using CB = std::decay_t<F>;
   auto fail = [&](absl::Status s) {
@@ -589,8 +690,9 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
     return;
   }
   uint64_t corr = home.next_correlation();
-  absl::Status s = endpoint_state(endpoint).route(
-      p, detail::RequestEnvelope<Req, Rep>{std::move(req), corr, &home, nullptr, deadline});
+  detail::RequestEnvelope<Req, Rep> env{std::move(req), corr, &home, nullptr, deadline};
+  auto& st = endpoint_state(endpoint);
+  absl::Status s = to ? st.send_to(p, *to, std::move(env)) : st.route(p, std::move(env));
   c.leave(p);
   if (!s.ok()) {
     fail(std::move(s));  // counted as failed by route()
@@ -643,10 +745,10 @@ absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req,
 
 template <class S, class... A>
 Service<S> Bus::service(Placement where, A&&... args) {
+  unsigned executor = place(where);
   auto state = std::make_shared<S>(std::forward<A>(args)...);
   S* raw = state.get();
-  keep_service(std::move(state));
-  return Service<S>(this, raw, place(where));
+  return Service<S>(this, raw, keep_service(std::move(state)), executor);
 }
 
 template <class S, class... A>

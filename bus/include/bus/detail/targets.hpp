@@ -278,6 +278,69 @@ struct ReplyEnvelope {
 
 template <class Req, class Rep>
 struct EndpointState;
+template <class Req, class Rep>
+struct EndpointTarget;
+
+}  // namespace bus::detail
+
+namespace bus {
+
+/// The answer to one request served by Bus::serve_async: call it once, from any thread, with
+/// the reply or a status, before the bus goes. Dropped unanswered, it answers Internal.
+template <class Rep>
+class Replier {
+ public:
+  Replier(Replier&& o) noexcept
+      : send_(std::exchange(o.send_, nullptr)),
+        state_(o.state_),
+        core_(o.core_),
+        reply_to_(o.reply_to_),
+        waiter_(std::move(o.waiter_)),
+        correlation_(o.correlation_),
+        channel_(o.channel_) {}
+  Replier& operator=(Replier&&) = delete;
+  Replier(const Replier&) = delete;
+  ~Replier() {
+    if (send_ != nullptr) {
+      (*this)(absl::InternalError(absl::StrCat("bus: the handler of '",
+                                               detail::channel_info(channel_).name,
+                                               "' dropped its reply unanswered")));
+    }
+  }
+  void operator()(absl::StatusOr<Rep> result) {
+    if (send_ == nullptr) return;  // answered already
+    std::exchange(send_, nullptr)(state_, *core_, reply_to_, waiter_, correlation_,
+                                  std::move(result));
+  }
+  /// False once answered.
+  explicit operator bool() const { return send_ != nullptr; }
+
+ private:
+  template <class, class>
+  friend struct detail::EndpointTarget;
+  using Send = void (*)(void*, detail::Core&, detail::Inbox*, std::shared_ptr<detail::Waiter<Rep>>&,
+                        uint64_t, absl::StatusOr<Rep>&&);
+  Replier(Send send, void* state, detail::Core& core, detail::Inbox* reply_to,
+          std::shared_ptr<detail::Waiter<Rep>> waiter, uint64_t correlation, uint32_t channel)
+      : send_(send),
+        state_(state),
+        core_(&core),
+        reply_to_(reply_to),
+        waiter_(std::move(waiter)),
+        correlation_(correlation),
+        channel_(channel) {}
+  Send send_;
+  void* state_;
+  detail::Core* core_;
+  detail::Inbox* reply_to_;
+  std::shared_ptr<detail::Waiter<Rep>> waiter_;
+  uint64_t correlation_;
+  uint32_t channel_;
+};
+
+}  // namespace bus
+
+namespace bus::detail {
 
 /// One server of an endpoint: a local handler, or (`remote`) a bridge that forwards the request
 /// to a server in another process and replies through `state->reply()` when the answer comes.
@@ -286,6 +349,7 @@ struct EndpointTarget : Target {
   using Envelope = RequestEnvelope<Req, Rep>;
   using Handler = absl::AnyInvocable<absl::StatusOr<Rep>(Req&&)>;
   using Forward = absl::AnyInvocable<void(Envelope&&)>;
+  using Async = absl::AnyInvocable<void(Req&&, Replier<Rep>)>;
   EndpointTarget(uint32_t ch, Inbox& in, EndpointState<Req, Rep>& st, Handler f)
       : Target{&run, &Payload<Envelope>::kOps},
         channel(ch),
@@ -300,15 +364,24 @@ struct EndpointTarget : Target {
         state(&st),
         remote(true),
         forward(std::move(f)) {}
+  EndpointTarget(uint32_t ch, Inbox& in, EndpointState<Req, Rep>& st, Async f)
+      : Target{&run, &Payload<Envelope>::kOps},
+        channel(ch),
+        inbox(&in),
+        state(&st),
+        remote(false),
+        async(std::move(f)) {}
   const uint32_t channel;
   Inbox* const inbox;
   EndpointState<Req, Rep>* const state;
   const bool remote;
-  Handler fn;  // owner thread; both empty once the server is removed
+  Handler fn;  // owner thread; all empty once the server is removed
   Forward forward;
+  Async async;
   void retire() {
     fn = nullptr;
     forward = nullptr;
+    async = nullptr;
   }
 
   static void run(Target* self, void* payload, Inbox& in);
@@ -330,19 +403,39 @@ struct EndpointState : ChannelState {
       return absl::UnavailableError(
           absl::StrCat("bus: no handler serves endpoint '", channel_info(channel).name, "'"));
     }
-    return p.core.send<Envelope>(p, *t->inbox, t, overflow, channel, std::move(env));
+    return send_to(p, *t, std::move(env));
+  }
+  absl::Status send_to(Producer& p, EndpointTarget<Req, Rep>& t, Envelope&& env) {
+    return p.core.send<Envelope>(p, *t.inbox, &t, overflow, channel, std::move(env));
   }
 
   /// Sends the result back to whoever asked. Runs on the server's executor.
   void reply(Inbox& in, Envelope& env, absl::StatusOr<Rep> result) {
-    if (env.reply_to == nullptr) {
-      if (!env.waiter->fulfil(std::move(result))) in.counters.add(channel, kLateReplies);
+    answer(in.core(), env.reply_to, env.waiter, env.correlation, std::move(result));
+  }
+  /// The same from any thread that may send (an executor, or a plain thread that entered).
+  void answer(Core& core, Inbox* reply_to, const std::shared_ptr<Waiter<Rep>>& waiter,
+              uint64_t correlation, absl::StatusOr<Rep> result) {
+    Producer& p = core.producer();
+    if (reply_to == nullptr) {
+      if (!waiter->fulfil(std::move(result)) && p.own_inbox != nullptr) {
+        p.own_inbox->counters.add(channel, kLateReplies);
+      }
       return;
     }
-    Producer& p = in.core().producer();
-    (void)p.core.send<ReplyEnvelope<Rep>>(p, *env.reply_to, &ReplyEnvelope<Rep>::kTarget,
-                                          Overflow::kBlock, channel, std::move(result),
-                                          env.correlation, channel);
+    (void)p.core.send<ReplyEnvelope<Rep>>(p, *reply_to, &ReplyEnvelope<Rep>::kTarget,
+                                          Overflow::kBlock, channel, std::move(result), correlation,
+                                          channel);
+  }
+  /// A Replier's way back (see bus::Replier).
+  static void answer_later(void* self, Core& core, Inbox* reply_to,
+                           std::shared_ptr<Waiter<Rep>>& waiter, uint64_t correlation,
+                           absl::StatusOr<Rep>&& result) {
+    Producer& p = core.producer();
+    if (!core.enter(p)) return;  // stopped: the requester is told Cancelled by stop()
+    static_cast<EndpointState*>(self)->answer(core, reply_to, waiter, correlation,
+                                              std::move(result));
+    core.leave(p);
   }
 };
 
@@ -351,7 +444,7 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
   auto* t = static_cast<EndpointTarget*>(self);
   PayloadGuard<Envelope> guard{payload};
   Envelope& env = *Payload<Envelope>::get(payload);
-  if (!t->fn && !t->forward) {
+  if (!t->fn && !t->forward && !t->async) {
     Producer& p = in.core().producer();
     if (absl::Status s = t->state->route(p, std::move(env)); !s.ok()) {
       in.counters.add(t->channel, kUnrouted);
@@ -370,6 +463,20 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
   }
   if (t->forward) {
     t->forward(std::move(env));  // the bridge replies when the remote answer (or failure) comes
+    return;
+  }
+  if (t->async) {
+    Replier<Rep> replier(&EndpointState<Req, Rep>::answer_later, t->state, in.core(), env.reply_to,
+                         std::move(env.waiter), env.correlation, t->channel);
+    try {
+      t->async(std::move(env.request), std::move(replier));
+      in.counters.add(t->channel, kDelivered);
+    } catch (...) {
+      // The replier went with the unwinding, answering Internal unless it was answered.
+      in.counters.add(t->channel, kHandlerFailed);
+      in.core().log_once(t->channel, "handler",
+                         "async handler threw: " + describe_exception(std::current_exception()));
+    }
     return;
   }
   absl::StatusOr<Rep> result;

@@ -21,6 +21,7 @@
 #include "bus/net/detail/channels.hpp"
 #include "bus/net/options.hpp"
 #include "bus/net/stats.hpp"
+#include "bus/statsd.hpp"
 
 namespace bus::net {
 
@@ -114,5 +115,8 @@ class Node {
 };
 
 #undef BUS_NET_REQUIRE_CODEC
+
+/// A node's counters for a bus::StatsdExporter (the node must outlive the exporter).
+StatsdSource statsd_source(const Node& node);
 
 }  // namespace bus::net

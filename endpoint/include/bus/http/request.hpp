@@ -62,12 +62,15 @@ struct Reply {
   unsigned status = 200;
   std::string content_type = "application/json";
   std::string body;
+  /// More header fields (Retry-After, Location, ...). The server sets Content-Type,
+  /// Content-Length, Connection and Allow itself.
+  std::vector<std::pair<std::string, std::string>> headers = {};
 
   static Reply json(std::string body, unsigned status = 200) {
-    return Reply{status, "application/json", std::move(body)};
+    return Reply{status, "application/json", std::move(body), {}};
   }
   static Reply text(std::string body, unsigned status = 200) {
-    return Reply{status, "text/plain; charset=utf-8", std::move(body)};
+    return Reply{status, "text/plain; charset=utf-8", std::move(body), {}};
   }
   /// `{"error": error, "detail": detail}` with `status`.
   static Reply error(unsigned status, std::string_view error, std::string_view detail);

@@ -26,6 +26,8 @@
 #include "bus/http/json.hpp"
 #include "bus/http/options.hpp"
 #include "bus/http/request.hpp"
+#include "bus/net/limiter.hpp"
+#include "bus/statsd.hpp"
 
 namespace bus::http {
 
@@ -73,6 +75,8 @@ struct RouteSpec {
   /// Called by start() with the template's parameter names; throws if the route cannot work.
   std::function<void(const std::vector<std::string>&)> check;
 };
+/// 429 with Retry-After.
+Reply rate_limited(std::string_view limiter, std::chrono::milliseconds retry_after);
 }  // namespace detail
 
 /// A route to a bus endpoint, returned by Server::route to adjust it before start().
@@ -86,6 +90,8 @@ class Route {
     std::function<Reply(const Rep&)> out;
     bool custom_in = false;
     Clock::duration timeout{0};  // 0: the server's default
+    net::RateLimiter* limiter = nullptr;
+    std::function<std::string(const Request&)> limit_key;
   };
 
   /// Maps the HTTP request to `Req`: required when `Req` has no Cap'n Proto schema (no
@@ -103,6 +109,15 @@ class Route {
   /// This route's request deadline (504 past it).
   Route& timeout(Clock::duration d) {
     state_->timeout = d;
+    return *this;
+  }
+  /// Admits this route's requests through `limiter` (shared by every node of the bus that runs a
+  /// limiter of its name), keyed by `key(request)`: an API key header, a client id. Refused
+  /// requests are answered 429 with Retry-After (the seconds left in the limiter's window) and
+  /// never reach the bus. The limiter must outlive the server.
+  Route& limit(net::RateLimiter& limiter, std::function<std::string(const Request&)> key) {
+    state_->limiter = &limiter;
+    state_->limit_key = std::move(key);
     return *this;
   }
 
@@ -161,6 +176,9 @@ class Server {
   void run_until_signal();
 
   ServerStats stats() const;
+  /// The figures /metrics shows for HTTP (requests by route and status, latency, connections),
+  /// for a bus::StatsdExporter. After start(); the server must outlive the exporter.
+  StatsdSource statsd_source() const;
 
   struct Impl;  // opaque: Beast and Asio stay in endpoint/src
 
@@ -210,6 +228,11 @@ Route<Req, Rep> Server::route(Method method, std::string_view path,
   Bus* bus = &bus_;
   add_route(std::move(spec), [bus, st, fallback = default_deadline()](const Request& req,
                                                                       Responder respond) {
+    if (st->limiter != nullptr) {
+      if (net::Decision d = st->limiter->admit(st->limit_key(req)); !d.admitted) {
+        return respond(detail::rate_limited(st->limiter->name(), d.retry_after));
+      }
+    }
     absl::StatusOr<Req> r = absl::InternalError("unset");
     try {
       r = st->in(req);

@@ -1,0 +1,436 @@
+// Composing requests: several calls, one deadline, one continuation (QBit's Reactor).
+//
+//   struct Checkout {                      // a service: its handlers run on one executor
+//     explicit Checkout(bus::Bus& bus) : reactor(bus) {}
+//     bus::Reactor reactor;                // dies with the service: nothing calls back after
+//     void on_order(const Order& o) {
+//       reactor.all(200ms, bus::call(prices, PriceReq{o.item}), bus::call(stock, StockReq{o.item}))
+//           .then([this](absl::StatusOr<Price> price, absl::StatusOr<Level> level) { ... });
+//     }
+//   };
+//
+// The requests go out at once; the continuation runs on the thread that started the
+// composition (the service's executor, or the event loop of an external inbox), like every
+// reply, and no thread waits meanwhile. Every call's deadline is at most the composition's, so
+// the continuation of all() runs by that deadline at the latest.
+#pragma once
+
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/strings/str_cat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "bus/bus.hpp"
+
+namespace bus {
+
+/// One request of a composition: made with bus::call().
+template <class Req, class Rep>
+struct Call {
+  using Request = Req;
+  using Reply = Rep;
+  const Endpoint<Req, Rep>* endpoint;
+  Req request;
+  std::optional<Clock::duration> timeout;  // this call's own, when shorter than the composition's
+
+  /// Gives this call a deadline of its own (the composition's still applies if it is shorter).
+  Call within(Clock::duration t) && {
+    timeout = t;
+    return std::move(*this);
+  }
+};
+
+template <class Req, class Rep, MessageOf<Req> R>
+Call<Req, Rep> call(const Endpoint<Req, Rep>& endpoint, R&& request) {
+  return Call<Req, Rep>{&endpoint, Req(std::forward<R>(request)), std::nullopt};
+}
+
+struct ReactorOptions {
+  /// Compositions with requests still out, at most; past it a new one is refused at once (its
+  /// continuation gets ResourceExhausted for every call) and counted.
+  std::size_t max_pending = 10'000;
+  ReactorOptions& max_pending_compositions(std::size_t n) {
+    max_pending = n;
+    return *this;
+  }
+};
+
+struct ReactorStats {
+  uint64_t started = 0;    // compositions whose requests went out
+  uint64_t completed = 0;  // continuations that ran
+  uint64_t rejected = 0;   // refused: max_pending reached (their continuation got the refusal)
+  uint64_t abandoned = 0;  // continuations dropped because the reactor went first
+  uint64_t pending = 0;    // now: compositions with requests still out
+};
+
+namespace detail {
+
+/// What a reactor's compositions share. Written on the owning thread only.
+struct ReactorCore {
+  explicit ReactorCore(std::size_t max) : max_pending(max) {}
+  const std::size_t max_pending;
+  Inbox* home = nullptr;          // the owning thread's inbox, set by the first composition
+  std::atomic<bool> alive{true};  // false once the reactor is destroyed
+  std::size_t awaiting = 0;       // compositions whose continuation has not run
+  std::atomic<uint64_t> started{0}, completed{0}, rejected{0}, abandoned{0}, pending{0};
+
+  static void bump(std::atomic<uint64_t>& c, int64_t by = 1) {
+    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+  }
+  /// The continuation is due: true if it may run (the reactor still exists).
+  bool due() {
+    --awaiting;
+    if (!alive.load(std::memory_order_relaxed)) {
+      bump(abandoned);
+      return false;
+    }
+    bump(completed);
+    return true;
+  }
+  /// Every request of a composition has its answer.
+  void settled() { bump(pending, -1); }
+};
+
+/// An error for "every call failed": the last failure's code, every failure's message.
+inline absl::Status all_failed(const std::vector<absl::Status>& errors, std::size_t last) {
+  std::string msg = absl::StrCat("bus: all ", errors.size(), " calls failed:");
+  for (std::size_t i = 0; i < errors.size(); ++i) {
+    absl::StrAppend(&msg, " [", i, "] ", errors[i].ToString(), i + 1 < errors.size() ? ";" : "");
+  }
+  return absl::Status(errors[last].code(), msg);
+}
+
+template <class C>
+using CallOf = std::remove_cvref_t<C>;
+
+}  // namespace detail
+
+template <class... C>
+class AllOf;
+template <class... C>
+class FirstOf;
+template <class Req, class Rep>
+class EachOf;
+
+/// Starts compositions of requests and runs their continuations, on one thread: the executor
+/// (or external inbox's loop) where it is first used. Destroying it abandons the compositions
+/// in progress: their continuations never run (their requests finish and are forgotten), which
+/// is what makes a reactor held by a service safe when the service stops. Destroy it on that
+/// thread (a service's state is), or once the bus has stopped.
+class Reactor {
+ public:
+  explicit Reactor(Bus& bus, ReactorOptions options = {})
+      : bus_(bus), core_(std::make_shared<detail::ReactorCore>(options.max_pending)) {}
+  Reactor(const Reactor&) = delete;
+  Reactor& operator=(const Reactor&) = delete;
+  ~Reactor() {
+    core_->alive.store(false, std::memory_order_relaxed);
+    detail::ReactorCore::bump(core_->abandoned, static_cast<int64_t>(core_->awaiting));
+    core_->awaiting = 0;
+  }
+
+  /// Every call; `then(absl::StatusOr<Rep>...)` (one argument per call, in order) runs once all
+  /// have answered, failed or reached their deadline: by `timeout` at the latest.
+  template <class... C>
+  [[nodiscard]] AllOf<detail::CallOf<C>...> all(Clock::duration timeout, C&&... calls) {
+    static_assert(sizeof...(C) > 0, "bus::Reactor::all needs at least one call");
+    return AllOf<detail::CallOf<C>...>(*this, timeout, std::forward<C>(calls)...);
+  }
+  /// The first success: `then(absl::StatusOr<Rep>, std::size_t index)` runs as soon as one call
+  /// succeeds (index: which), or once every call failed (the last failure's code, all their
+  /// messages; index: SIZE_MAX). The calls share one reply type. Later replies are dropped.
+  template <class... C>
+  [[nodiscard]] FirstOf<detail::CallOf<C>...> first(Clock::duration timeout, C&&... calls) {
+    static_assert(sizeof...(C) > 0, "bus::Reactor::first needs at least one call");
+    return FirstOf<detail::CallOf<C>...>(*this, timeout, std::forward<C>(calls)...);
+  }
+  /// Fan-out: the request to every server of `endpoint` (each instance of a pool, each shard;
+  /// the bridge's proxy counts as one, served by one remote node), and
+  /// `then(std::vector<absl::StatusOr<Rep>>)` with their answers in the servers' order once all
+  /// are in (empty when nothing serves the endpoint). `Req` must be copyable.
+  template <class Req, class Rep, MessageOf<Req> R>
+  [[nodiscard]] EachOf<Req, Rep> each(const Endpoint<Req, Rep>& endpoint, R&& request,
+                                      Clock::duration timeout) {
+    return EachOf<Req, Rep>(*this, endpoint, Req(std::forward<R>(request)), timeout);
+  }
+
+  /// Readable from any thread.
+  ReactorStats stats() const {
+    ReactorStats s;
+    s.started = core_->started.load(std::memory_order_relaxed);
+    s.completed = core_->completed.load(std::memory_order_relaxed);
+    s.rejected = core_->rejected.load(std::memory_order_relaxed);
+    s.abandoned = core_->abandoned.load(std::memory_order_relaxed);
+    s.pending = core_->pending.load(std::memory_order_relaxed);
+    return s;
+  }
+
+ private:
+  template <class... C>
+  friend class AllOf;
+  template <class... C>
+  friend class FirstOf;
+  template <class Req, class Rep>
+  friend class EachOf;
+
+  /// The calling thread's producer, after checking that it owns this reactor's inbox.
+  detail::Producer& owner() {
+    detail::Producer& p = bus_.core_->producer();
+    if (p.own_inbox == nullptr) {
+      throw std::logic_error(
+          "bus::Reactor: start compositions on an executor or an external inbox's thread (in a "
+          "handler, a timer or a posted closure), not on a plain thread");
+    }
+    if (core_->home == nullptr) core_->home = p.own_inbox;
+    if (core_->home != p.own_inbox) {
+      throw std::logic_error(
+          "bus::Reactor: used from two threads; a reactor belongs to the thread of its first "
+          "composition (give each service or I/O thread its own)");
+    }
+    return p;
+  }
+  /// Counts a new composition in; false (and the refusal is counted) past max_pending.
+  bool admit() {
+    if (core_->pending.load(std::memory_order_relaxed) >= core_->max_pending) {
+      detail::ReactorCore::bump(core_->rejected);
+      return false;
+    }
+    detail::ReactorCore::bump(core_->started);
+    detail::ReactorCore::bump(core_->pending);
+    ++core_->awaiting;
+    return true;
+  }
+  /// Runs `fn` later on the owning thread (never inside then()), unless the reactor goes first.
+  template <class F>
+  void later(F fn) {
+    (void)bus_.post_to(*core_->home, [core = core_, fn = std::move(fn)]() mutable {
+      if (core->alive.load(std::memory_order_relaxed)) fn();
+    });
+  }
+  static absl::Status refusal(std::size_t max) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("bus: too many compositions in progress (max_pending ", max, ")"));
+  }
+  template <class Call, class CB>
+  void issue(detail::Producer& p, Call&& c, Clock::time_point now, Clock::duration timeout,
+             CB&& cb) {
+    Clock::duration t = c.timeout && *c.timeout < timeout ? *c.timeout : timeout;
+    bus_.request_from(p, *core_->home, *c.endpoint, std::move(c.request), now + t,
+                      std::forward<CB>(cb));
+  }
+
+  /// The endpoint's servers now (a snapshot that stays valid while the bus lives).
+  template <class Req, class Rep>
+  const detail::TargetList<detail::EndpointTarget<Req, Rep>>* servers(
+      const Endpoint<Req, Rep>& endpoint) {
+    return bus_.endpoint_state(endpoint).targets.load();
+  }
+  template <class Req, class Rep, class CB>
+  void issue_to(detail::Producer& p, const Endpoint<Req, Rep>& endpoint,
+                detail::EndpointTarget<Req, Rep>* server, Req&& request, Clock::time_point deadline,
+                CB&& cb) {
+    bus_.request_from(p, *core_->home, endpoint, std::move(request), deadline, std::forward<CB>(cb),
+                      server);
+  }
+
+  Bus& bus_;
+  std::shared_ptr<detail::ReactorCore> core_;
+};
+
+// ==== the compositions ==========================================================================
+
+/// Returned by Reactor::all(): nothing is sent until then().
+template <class... C>
+class AllOf {
+ public:
+  AllOf(Reactor& r, Clock::duration timeout, C... calls)
+      : reactor_(r), timeout_(timeout), calls_(std::move(calls)...) {}
+
+  template <class F>
+  void then(F&& fn) && {
+    using Fn = std::decay_t<F>;
+    static_assert(std::is_invocable_v<Fn&, absl::StatusOr<typename C::Reply>...>,
+                  "bus::Reactor::all: the continuation takes absl::StatusOr<Reply> for each "
+                  "call, in order");
+    Reactor& r = reactor_;
+    detail::Producer& p = r.owner();
+    if (!r.admit()) {
+      r.later([fn = Fn(std::forward<F>(fn)), max = r.core_->max_pending]() mutable {
+        fn(absl::StatusOr<typename C::Reply>(Reactor::refusal(max))...);
+      });
+      return;
+    }
+    struct State {
+      std::shared_ptr<detail::ReactorCore> core;
+      Fn fn;
+      std::tuple<std::optional<absl::StatusOr<typename C::Reply>>...> results;
+      std::size_t left = sizeof...(C);
+      void arrived() {
+        if (--left > 0) return;
+        core->settled();
+        if (!core->due()) return;
+        std::apply([&](auto&... r) { fn(std::move(*r)...); }, results);
+      }
+    };
+    auto st = std::make_shared<State>(State{r.core_, Fn(std::forward<F>(fn)), {}});
+    auto now = Clock::now();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (r.issue(p, std::move(std::get<I>(calls_)), now, timeout_,
+               [st](absl::StatusOr<typename C::Reply> rep) {
+                 std::get<I>(st->results).emplace(std::move(rep));
+                 st->arrived();
+               }),
+       ...);
+    }
+    (std::index_sequence_for<C...>{});
+  }
+
+ private:
+  Reactor& reactor_;
+  Clock::duration timeout_;
+  std::tuple<C...> calls_;
+};
+
+/// Returned by Reactor::first(): nothing is sent until then().
+template <class... C>
+class FirstOf {
+  using Rep = typename std::tuple_element_t<0, std::tuple<C...>>::Reply;
+  static_assert((std::is_same_v<typename C::Reply, Rep> && ...),
+                "bus::Reactor::first: every call must have the same reply type");
+
+ public:
+  FirstOf(Reactor& r, Clock::duration timeout, C... calls)
+      : reactor_(r), timeout_(timeout), calls_(std::move(calls)...) {}
+
+  template <class F>
+  void then(F&& fn) && {
+    using Fn = std::decay_t<F>;
+    static_assert(std::is_invocable_v<Fn&, absl::StatusOr<Rep>, std::size_t>,
+                  "bus::Reactor::first: the continuation takes (absl::StatusOr<Reply>, "
+                  "std::size_t index)");
+    Reactor& r = reactor_;
+    detail::Producer& p = r.owner();
+    if (!r.admit()) {
+      r.later([fn = Fn(std::forward<F>(fn)), max = r.core_->max_pending]() mutable {
+        fn(absl::StatusOr<Rep>(Reactor::refusal(max)), SIZE_MAX);
+      });
+      return;
+    }
+    struct State {
+      std::shared_ptr<detail::ReactorCore> core;
+      Fn fn;
+      std::vector<absl::Status> errors = std::vector<absl::Status>(sizeof...(C));
+      std::size_t left = sizeof...(C);
+      bool done = false;
+      void arrived(std::size_t i, absl::StatusOr<Rep>&& rep) {
+        bool last = --left == 0;
+        if (last) core->settled();
+        if (done) return;
+        if (rep.ok()) {
+          done = true;
+          if (core->due()) fn(std::move(rep), i);
+        } else {
+          errors[i] = rep.status();
+          if (last) {
+            done = true;
+            if (core->due()) fn(absl::StatusOr<Rep>(detail::all_failed(errors, i)), SIZE_MAX);
+          }
+        }
+      }
+    };
+    auto st = std::make_shared<State>(State{r.core_, Fn(std::forward<F>(fn))});
+    auto now = Clock::now();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (r.issue(p, std::move(std::get<I>(calls_)), now, timeout_,
+               [st](absl::StatusOr<Rep> rep) { st->arrived(I, std::move(rep)); }),
+       ...);
+    }
+    (std::index_sequence_for<C...>{});
+  }
+
+ private:
+  Reactor& reactor_;
+  Clock::duration timeout_;
+  std::tuple<C...> calls_;
+};
+
+/// Returned by Reactor::each(): nothing is sent until then().
+template <class Req, class Rep>
+class EachOf {
+ public:
+  EachOf(Reactor& r, const Endpoint<Req, Rep>& endpoint, Req request, Clock::duration timeout)
+      : reactor_(r), endpoint_(endpoint), request_(std::move(request)), timeout_(timeout) {}
+
+  template <class F>
+  void then(F&& fn) && {
+    using Fn = std::decay_t<F>;
+    using Replies = std::vector<absl::StatusOr<Rep>>;
+    static_assert(std::is_invocable_v<Fn&, Replies>,
+                  "bus::Reactor::each: the continuation takes "
+                  "std::vector<absl::StatusOr<Reply>>");
+    static_assert(std::is_copy_constructible_v<Req>,
+                  "bus::Reactor::each: the request is copied to every server");
+    Reactor& r = reactor_;
+    detail::Producer& p = r.owner();
+    if (!r.admit()) {
+      r.later([fn = Fn(std::forward<F>(fn)), max = r.core_->max_pending]() mutable {
+        fn(Replies{absl::StatusOr<Rep>(Reactor::refusal(max))});
+      });
+      return;
+    }
+    // A snapshot: servers added later are not asked, removed ones hand their copy on.
+    const auto* list = r.servers(endpoint_);
+    std::size_t n = list == nullptr ? 0 : list->targets.size();
+    struct State {
+      std::shared_ptr<detail::ReactorCore> core;
+      Fn fn;
+      std::vector<std::optional<absl::StatusOr<Rep>>> results;
+      std::size_t left;
+      void arrived() {
+        if (--left > 0) return;
+        core->settled();
+        if (!core->due()) return;
+        Replies out;
+        out.reserve(results.size());
+        for (auto& res : results) out.push_back(std::move(*res));
+        fn(std::move(out));
+      }
+    };
+    auto st = std::make_shared<State>(State{r.core_, Fn(std::forward<F>(fn)), {}, n});
+    st->results.resize(n);
+    if (n == 0) {
+      r.core_->settled();
+      r.later([st] {
+        if (st->core->due()) st->fn(Replies{});
+      });
+      return;
+    }
+    auto deadline = Clock::now() + timeout_;
+    for (std::size_t i = 0; i < n; ++i) {
+      Req copy = i + 1 < n ? Req(request_) : std::move(request_);
+      r.issue_to(p, endpoint_, list->targets[i], std::move(copy), deadline,
+                 [st, i](absl::StatusOr<Rep> rep) {
+                   st->results[i].emplace(std::move(rep));
+                   st->arrived();
+                 });
+    }
+  }
+
+ private:
+  Reactor& reactor_;
+  const Endpoint<Req, Rep>& endpoint_;
+  Req request_;
+  Clock::duration timeout_;
+};
+
+}  // namespace bus

@@ -1,0 +1,59 @@
+// StatsD sources of bus::net: a node's traffic and a rate limiter's decisions.
+#include "bus/statsd.hpp"
+
+#include <absl/strings/str_cat.h>
+
+#include "bus/net/limiter.hpp"
+#include "bus/net/node.hpp"
+
+namespace bus::net {
+
+StatsdSource statsd_source(const Node& node) {
+  return [&node](StatsdSink& out) {
+    NodeStats s = node.stats();
+    out.gauge("node.peers", static_cast<double>(s.peers.size()));
+    out.counter("node.published", s.published);
+    out.counter("node.publish_dropped", s.publish_dropped);
+    out.counter("node.malformed_frames", s.malformed_frames);
+    out.counter("node.oversized", s.oversized);
+    out.counter("node.unknown_channel", s.unknown_channel);
+    out.counter("node.peers_lost", s.peers_lost);
+    out.counter("node.calls_peer_gone", s.calls_peer_gone);
+    out.counter("node.late_replies", s.late_replies);
+    out.counter("node.unroutable_replies", s.unroutable_replies);
+    out.counter("node.send_refused", s.send_refused);
+    out.counter("node.auth_denied", s.auth_denied);
+    // Per channel, summed over peers (peer names come and go; StatsD names should not).
+    absl::flat_hash_map<std::string, ChannelTraffic> by_channel;
+    for (const ChannelTraffic& t : s.traffic) {
+      ChannelTraffic& sum = by_channel[t.channel];
+      sum.sent += t.sent;
+      sum.received += t.received;
+      sum.gaps += t.gaps;
+      sum.rejected += t.rejected;
+    }
+    for (const auto& [channel, t] : by_channel) {
+      std::string base = absl::StrCat("node.channel.", channel, ".");
+      out.counter(base + "sent", t.sent);
+      out.counter(base + "received", t.received);
+      out.counter(base + "gaps", t.gaps);
+      out.counter(base + "rejected", t.rejected);
+    }
+  };
+}
+
+StatsdSource RateLimiter::statsd_source() const {
+  return [this](StatsdSink& out) {
+    LimiterStats s = stats();
+    std::string base = absl::StrCat("limiter.", name(), ".");
+    out.counter(base + "admitted", s.admitted);
+    out.counter(base + "refused", s.refused);
+    out.counter(base + "over_admitted", s.over_admitted);
+    out.counter(base + "sent", s.sent);
+    out.counter(base + "received", s.received);
+    out.counter(base + "stale", s.stale);
+    out.gauge(base + "keys", static_cast<double>(s.keys));
+  };
+}
+
+}  // namespace bus::net
