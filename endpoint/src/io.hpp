@@ -158,7 +158,11 @@ class IoThread {
  private:
   void run(std::mutex& mu, std::condition_variable& cv, bool& ready);
   void accept();
+  /// A new connection: a session, or a 503 past max_connections.
+  void admit(tcp::socket socket);
   void refuse(tcp::socket socket);
+  /// Connections accepted per accept completion at most, beyond the first.
+  static constexpr int kAcceptBurst = 64;
   void wait_for_wake();
   void sweep();
   void begin_shutdown();

@@ -263,6 +263,7 @@ void IoThread::start(const tcp::endpoint& at, std::mutex& mu, std::condition_var
   }
   if (!ec) acceptor_.bind(at, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) acceptor_.non_blocking(true, ec);
   if (ec) {
     throw std::runtime_error("bus::http: cannot listen on " + at.address().to_string() + ":" +
                              std::to_string(at.port()) + ": " + ec.message() +
@@ -326,15 +327,29 @@ void IoThread::accept() {
       });
       return;
     }
-    if (server.open.fetch_add(1, std::memory_order_relaxed) >= server.options.max_connections()) {
-      server.open.fetch_sub(1, std::memory_order_relaxed);
-      refuse(std::move(socket));
-    } else {
-      bump(io.accepted);
-      std::make_shared<Session>(*this, std::move(socket))->start();
+    admit(std::move(socket));
+    // Take what else waits in the backlog now (like nginx's multi_accept), a bounded number per
+    // round: one accept per pass of the event loop leaves a burst of new connections (10,000 at
+    // once) waiting behind every active one for many passes, their first requests unread.
+    for (int i = 0; i < kAcceptBurst && acceptor_.is_open(); ++i) {
+      tcp::socket more(acceptor_.get_executor());
+      beast::error_code again;
+      acceptor_.accept(more, again);  // the acceptor is non-blocking: would_block ends it
+      if (again) break;
+      admit(std::move(more));
     }
     accept();
   });
+}
+
+void IoThread::admit(tcp::socket socket) {
+  if (server.open.fetch_add(1, std::memory_order_relaxed) >= server.options.max_connections()) {
+    server.open.fetch_sub(1, std::memory_order_relaxed);
+    refuse(std::move(socket));
+  } else {
+    bump(io.accepted);
+    std::make_shared<Session>(*this, std::move(socket))->start();
+  }
 }
 
 void IoThread::refuse(tcp::socket socket) {
