@@ -14,24 +14,12 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string curl(const std::string& url, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> argv = {"curl", "-s", "--max-time", "30"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  argv.push_back(url);
-  std::string out;
-  integ::run_command(argv, &out);
-  return out;
+std::string curl(const std::string& url, std::vector<std::string> args = {}) {
+  args.push_back(url);
+  return integ::curl(args);
 }
 
-/// The port greeting_server printed on its first line ("[greeting] http://127.0.0.1:PORT/...").
-std::string base_url(integ::Child& server) {
-  std::optional<std::string> line = server.read_line(30s);
-  if (!line) return {};
-  auto at = line->find("http://");
-  auto end = line->find("/greeting");
-  if (at == std::string::npos || end == std::string::npos) return {};
-  return line->substr(at, end - at);
-}
+std::string base_url(integ::Child& server) { return integ::printed_base_url(server, "/greeting"); }
 
 }  // namespace
 

@@ -177,4 +177,21 @@ int run_command(const std::vector<std::string>& argv, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+std::string curl(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"curl", "-s", "--max-time", "30"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::string out;
+  run_command(argv, &out);
+  return out;
+}
+
+std::string printed_base_url(Child& server, std::string_view path) {
+  std::optional<std::string> line = server.read_line(std::chrono::seconds(30));
+  if (!line) return {};
+  auto at = line->find("http://");
+  auto end = line->find(path);
+  if (at == std::string::npos || end == std::string::npos || end < at) return {};
+  return line->substr(at, end - at);
+}
+
 }  // namespace integ

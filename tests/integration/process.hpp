@@ -49,4 +49,10 @@ class Child {
 /// `output`. Returns its exit code, or -1 when it could not start or was killed by a signal.
 int run_command(const std::vector<std::string>& argv, std::string* output = nullptr);
 
+/// `curl -s --max-time 30 <args...>`: what it printed (the body, or what -w asked for).
+std::string curl(const std::vector<std::string>& args);
+/// The base URL ("http://host:port") a server printed on its first line, in front of `path`
+/// ("[shop] http://127.0.0.1:PORT/quote/tea" with path "/quote"); empty if it printed none.
+std::string printed_base_url(Child& server, std::string_view path);
+
 }  // namespace integ

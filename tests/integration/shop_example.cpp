@@ -12,23 +12,9 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string curl(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {"curl", "-s", "--max-time", "30"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::string out;
-  integ::run_command(argv, &out);
-  return out;
-}
+using integ::curl;
 
-/// The base URL shop_server printed on its first line ("[shop] http://127.0.0.1:PORT/quote/tea").
-std::string base_url(integ::Child& server) {
-  std::optional<std::string> line = server.read_line(30s);
-  if (!line) return {};
-  auto at = line->find("http://");
-  auto end = line->find("/quote");
-  if (at == std::string::npos || end == std::string::npos) return {};
-  return line->substr(at, end - at);
-}
+std::string base_url(integ::Child& server) { return integ::printed_base_url(server, "/quote"); }
 
 void stop(integ::Child& server) {
   ::kill(server.pid(), SIGTERM);

@@ -57,6 +57,21 @@ std::string show(const absl::StatusOr<int>& r) {
   return r.ok() ? std::to_string(*r) : std::string(absl::StatusCodeToString(r.status().code()));
 }
 
+/// Three executors: `held` waits at a gate on executor 2, `twice` answers on executor 0, and the
+/// composing service runs on executor 1.
+class Composing : public testing::Test {
+ protected:
+  ~Composing() override { gate.open = true; }  // no handler may stay blocked as the bus stops
+
+  bus::Bus bus{bus::Options().executors(3)};
+  Gate gate;
+  bus::Subscription slow = bus.serve(
+      held, [this](int&& v) { return gate.pass(v); }, bus::on_executor(2));
+  bus::Subscription fast = bus.serve(
+      twice, [](int&& v) { return 2 * v; }, bus::on_executor(0));
+  bus::Service<Composer> svc = bus.service<Composer>(bus::on_executor(1), bus);
+};
+
 TEST(Reactor, AllGathersEveryOutcomeInOrderOnTheCallersExecutor) {
   bus::Bus bus(bus::Options().executors(3));
   auto s1 = bus.serve(
@@ -87,14 +102,7 @@ TEST(Reactor, AllGathersEveryOutcomeInOrderOnTheCallersExecutor) {
   EXPECT_EQ(st.pending, 0u);
 }
 
-TEST(Reactor, TheCompositionDeadlineCutsACallThatIsStillRunning) {
-  bus::Bus bus(bus::Options().executors(3));
-  Gate gate;
-  auto slow = bus.serve(
-      held, [&](int&& v) { return gate.pass(v); }, bus::on_executor(2));
-  auto fast = bus.serve(
-      twice, [](int&& v) { return 2 * v; }, bus::on_executor(0));
-  auto svc = bus.service<Composer>(bus::on_executor(1), bus);
+TEST_F(Composing, TheCompositionDeadlineCutsACallThatIsStillRunning) {
   svc.subscribe(go, [](Composer& c, const int& v) {
     c.reactor.all(30ms, bus::call(held, v), bus::call(twice, v))
         .then([&c](absl::StatusOr<int> slow, absl::StatusOr<int> fast) {
@@ -112,14 +120,7 @@ TEST(Reactor, TheCompositionDeadlineCutsACallThatIsStillRunning) {
   wait_for([&] { return bus.stats().channel("compose_test.held")->late_replies == 1; });
 }
 
-TEST(Reactor, ACallCanHaveAShorterDeadlineOfItsOwn) {
-  bus::Bus bus(bus::Options().executors(3));
-  Gate gate;
-  auto slow = bus.serve(
-      held, [&](int&& v) { return gate.pass(v); }, bus::on_executor(2));
-  auto fast = bus.serve(
-      twice, [](int&& v) { return 2 * v; }, bus::on_executor(0));
-  auto svc = bus.service<Composer>(bus::on_executor(1), bus);
+TEST_F(Composing, ACallCanHaveAShorterDeadlineOfItsOwn) {
   svc.subscribe(go, [](Composer& c, const int& v) {
     c.reactor.all(1h, bus::call(held, v).within(20ms), bus::call(twice, v))
         .then([&c](absl::StatusOr<int> slow, absl::StatusOr<int> fast) {
@@ -133,14 +134,7 @@ TEST(Reactor, ACallCanHaveAShorterDeadlineOfItsOwn) {
   gate.open = true;
 }
 
-TEST(Reactor, FirstTakesTheFirstSuccessAndDropsTheRest) {
-  bus::Bus bus(bus::Options().executors(3));
-  Gate gate;
-  auto slow = bus.serve(
-      held, [&](int&& v) { return gate.pass(v); }, bus::on_executor(2));
-  auto fast = bus.serve(
-      twice, [](int&& v) { return 2 * v; }, bus::on_executor(0));
-  auto svc = bus.service<Composer>(bus::on_executor(1), bus);
+TEST_F(Composing, FirstTakesTheFirstSuccessAndDropsTheRest) {
   svc.subscribe(go, [](Composer& c, const int& v) {
     c.reactor.first(5s, bus::call(held, v), bus::call(thrower, v), bus::call(twice, v))
         .then([&c](absl::StatusOr<int> r, std::size_t which) {
@@ -252,15 +246,11 @@ TEST(Reactor, ThousandsOfConcurrentCompositionsAllCompleteAndLeaveNothing) {
   EXPECT_EQ(st.rejected, 0u);
 }
 
-TEST(Reactor, PendingCompositionsAreBoundedAndTheRefusedAreCounted) {
-  bus::Bus bus(bus::Options().executors(3));
-  Gate gate;
-  auto slow = bus.serve(
-      held, [&](int&& v) { return gate.pass(v); }, bus::on_executor(2));
-  auto svc = bus.service<Composer>(bus::on_executor(1), bus,
-                                   bus::ReactorOptions().max_pending_compositions(10));
+TEST_F(Composing, PendingCompositionsAreBoundedAndTheRefusedAreCounted) {
+  auto bounded = bus.service<Composer>(bus::on_executor(1), bus,
+                                       bus::ReactorOptions().max_pending_compositions(10));
   std::atomic<int> ok{0}, refused{0};
-  svc.subscribe(go, [&](Composer& c, const int&) {
+  bounded.subscribe(go, [&](Composer& c, const int&) {
     for (int i = 0; i < 30; ++i) {
       c.reactor.all(30s, bus::call(held, i)).then([&](absl::StatusOr<int> r) {
         (r.ok() ? ok : refused).fetch_add(1);
@@ -270,13 +260,13 @@ TEST(Reactor, PendingCompositionsAreBoundedAndTheRefusedAreCounted) {
   });
   ASSERT_TRUE(bus.publish(go, 0).ok());
   wait_for([&] { return refused.load() == 20; });
-  auto st = svc.state().reactor.stats();
+  auto st = bounded.state().reactor.stats();
   EXPECT_EQ(st.pending, 10u);
   EXPECT_EQ(st.rejected, 20u);
   EXPECT_EQ(ok.load(), 0);
   gate.open = true;
   wait_for([&] { return ok.load() == 10; });
-  EXPECT_EQ(svc.state().reactor.stats().pending, 0u);
+  EXPECT_EQ(bounded.state().reactor.stats().pending, 0u);
 }
 
 /// A service whose destruction is observable, composing against a held endpoint.
