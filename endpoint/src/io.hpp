@@ -68,6 +68,8 @@ class Session final : public Exchange, public std::enable_shared_from_this<Sessi
   IoThread& io_;
   tcp::socket socket_;
   beast::flat_buffer buffer_;
+  /// What an idle connection reads at once when its next request begins (most requests whole).
+  static constexpr std::size_t kFirstRead = 512;
   std::optional<bh::request_parser<bh::string_body>> parser_;
   std::optional<Request> request_;  // what the route sees; views into parser_'s message
   bh::response<bh::string_body> response_;
@@ -162,7 +164,7 @@ class IoThread {
   void admit(tcp::socket socket);
   void refuse(tcp::socket socket);
   /// Connections accepted per accept completion at most, beyond the first.
-  static constexpr int kAcceptBurst = 64;
+  static constexpr int kAcceptBurst = 1024;
   void wait_for_wake();
   void sweep();
   void begin_shutdown();

@@ -61,10 +61,17 @@ void Session::wait_for_request() {
   phase_ = Phase::kIdle;
   if (buffer_.size() > 0) return read_request();  // a pipelined request is already here
   deadline_ = Clock::now() + io_.server.options.idle_timeout();
-  socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-    if (ec || self->phase_ == Phase::kClosed) return self->close();
-    self->read_request();
-  });
+  // Wait for the next request's first bytes with a read, not socket::async_wait: Asio starts a
+  // wait without trying it first and re-arms epoll for it (an epoll_ctl per request, 8% of the
+  // CPU at 10,000 connections), while a read is tried at once and, when nothing is there yet,
+  // waits on the registration the socket already has.
+  buffer_.reserve(kFirstRead);
+  socket_.async_read_some(buffer_.prepare(kFirstRead),
+                          [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+                            if (ec || self->phase_ == Phase::kClosed) return self->close();
+                            self->buffer_.commit(n);
+                            self->read_request();
+                          });
 }
 
 void Session::read_request() {
