@@ -89,11 +89,9 @@ struct ReactorCore {
   }
   /// The continuation is due: true if it may run (the reactor still exists).
   bool due() {
+    // A reactor that went counted its awaiting compositions as abandoned when it went.
+    if (!alive.load(std::memory_order_relaxed)) return false;
     --awaiting;
-    if (!alive.load(std::memory_order_relaxed)) {
-      bump(abandoned);
-      return false;
-    }
     bump(completed);
     return true;
   }
