@@ -3,6 +3,9 @@
 
 #include <absl/strings/str_cat.h>
 
+#include <set>
+#include <string>
+
 #include "bus/net/limiter.hpp"
 #include "bus/net/node.hpp"
 
@@ -24,15 +27,10 @@ StatsdSource statsd_source(const Node& node) {
     out.counter("node.send_refused", s.send_refused);
     out.counter("node.auth_denied", s.auth_denied);
     // Per channel, summed over peers (peer names come and go; StatsD names should not).
-    absl::flat_hash_map<std::string, ChannelTraffic> by_channel;
-    for (const ChannelTraffic& t : s.traffic) {
-      ChannelTraffic& sum = by_channel[t.channel];
-      sum.sent += t.sent;
-      sum.received += t.received;
-      sum.gaps += t.gaps;
-      sum.rejected += t.rejected;
-    }
-    for (const auto& [channel, t] : by_channel) {
+    std::set<std::string> channels;
+    for (const ChannelTraffic& t : s.traffic) channels.insert(t.channel);
+    for (const std::string& channel : channels) {
+      ChannelTraffic t = s.channel(channel);
       std::string base = absl::StrCat("node.channel.", channel, ".");
       out.counter(base + "sent", t.sent);
       out.counter(base + "received", t.received);

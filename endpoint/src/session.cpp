@@ -65,7 +65,6 @@ void Session::wait_for_request() {
   // wait without trying it first and re-arms epoll for it (an epoll_ctl per request, 8% of the
   // CPU at 10,000 connections), while a read is tried at once and, when nothing is there yet,
   // waits on the registration the socket already has.
-  buffer_.reserve(kFirstRead);
   socket_.async_read_some(buffer_.prepare(kFirstRead),
                           [self = shared_from_this()](beast::error_code ec, std::size_t n) {
                             if (ec || self->phase_ == Phase::kClosed) return self->close();

@@ -1,17 +1,13 @@
 // A rate limiter on a route (429 with Retry-After, per key, shared by limiters of one name) and
 // the server's figures pushed to StatsD.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <bus/net/limiter.hpp>
 #include <bus/statsd.hpp>
 #include <string>
 
 #include "endpoint/common.hpp"
+#include "support/udp_listener.hpp"
 
 using namespace endpoint_test_support;
 using namespace std::chrono_literals;
@@ -77,47 +73,17 @@ TEST_F(Limits, LimitersOfOneNameShareTheCount) {
                                   bus::net::LimiterOptions().limit(3).window(3'600'000ms)};
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(elsewhere.admit("carol").admitted);
   elsewhere.exchange();
-  while (limiter.known("carol") < 3 && elsewhere.known("carol") == 3) {
-    std::this_thread::sleep_for(1ms);
-  }
+  ASSERT_TRUE(bus_test::eventually(
+      [&] { return limiter.known("carol") == 3 || elsewhere.known("carol") != 3; }));
   if (elsewhere.known("carol") != 3) GTEST_SKIP() << "a new window began during the test";
   http_test::Connection c(http.port());
   EXPECT_EQ(get(c, "/greeting/Carol", "carol").status, 429u);
 }
 
-/// A UDP socket on 127.0.0.1 with a kernel-chosen port.
-struct Udp {
-  Udp() {
-    fd = ::socket(AF_INET, SOCK_DGRAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
-  }
-  ~Udp() { ::close(fd); }
-  std::string take() {
-    std::string all;
-    char buf[65536];
-    pollfd p{fd, POLLIN, 0};
-    while (::poll(&p, 1, 0) == 1) {
-      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) break;
-      all.append(buf, static_cast<std::size_t>(n));
-      all += '\n';
-    }
-    return all;
-  }
-  int fd = -1;
-  uint16_t port = 0;
-};
-
 TEST_F(Limits, TheServersFiguresGoToStatsd) {
-  Udp udp;
-  bus::StatsdExporter statsd(
-      bus, bus::StatsdOptions().address("127.0.0.1:" + std::to_string(udp.port)).interval(1h));
+  bus_test::UdpListener udp;
+  ASSERT_TRUE(udp.bound());
+  bus::StatsdExporter statsd(bus, bus::StatsdOptions().address(udp.address()).interval(1h));
   statsd.add_source(http.statsd_source());
   statsd.add_source(limiter.statsd_source());
   http_test::Connection c(http.port());
@@ -125,9 +91,10 @@ TEST_F(Limits, TheServersFiguresGoToStatsd) {
   ASSERT_EQ(get(c, "/nope", "x").status, 404u);
   // The server counts a request once its answer is handed to the socket, which is before the
   // client reads it: wait for the count.
-  while (http.stats().requests < 3) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(bus_test::eventually([&] { return http.stats().requests == 3; }));
   statsd.push();
-  std::string text = udp.take();
+  std::string text;
+  for (const std::string& datagram : udp.take()) text += datagram + "\n";
   EXPECT_TRUE(contains(text, "bus.http.requests.GET.services_myservice_ping.200:2|c")) << text;
   EXPECT_TRUE(contains(text, "bus.http.requests.unmatched.404:1|c")) << text;
   EXPECT_TRUE(contains(text, "bus.http.latency.GET.services_myservice_ping:")) << text;

@@ -12,6 +12,8 @@ using namespace std::chrono_literals;
 using bus::net::LimiterOptions;
 using bus::net::RateLimiter;
 
+#include "support/test_support.hpp"
+
 namespace {
 
 struct FakeClock {
@@ -30,11 +32,6 @@ uint64_t admit_n(RateLimiter& l, std::string_view key, int n) {
   uint64_t admitted = 0;
   for (int i = 0; i < n; ++i) admitted += l.admit(key).admitted ? 1 : 0;
   return admitted;
-}
-
-template <class F>
-void wait_for(F cond) {
-  while (!cond()) std::this_thread::sleep_for(1ms);
 }
 
 TEST(RateLimiter, OneNodeAdmitsExactlyTheLimitPerKeyAndWindow) {
@@ -63,10 +60,10 @@ TEST(RateLimiter, NodesShareTheirCountsAndTheLimitHoldsOnceExchanged) {
   RateLimiter other(bus, "unrelated", manual(clock, 100));
   EXPECT_EQ(admit_n(a, "key", 70), 70u);
   a.exchange();
-  wait_for([&] { return b.known("key") == 70; });
+  ASSERT_TRUE(bus_test::eventually([&] { return b.known("key") == 70; }));
   EXPECT_EQ(admit_n(b, "key", 50), 30u);  // 70 + 30 = the limit
   b.exchange();
-  wait_for([&] { return a.known("key") == 100; });
+  ASSERT_TRUE(bus_test::eventually([&] { return a.known("key") == 100; }));
   EXPECT_EQ(admit_n(a, "key", 5), 0u);
   EXPECT_EQ(other.known("key"), 0u);  // another limiter name is another count
   EXPECT_EQ(a.stats().over_admitted, 0u);
@@ -86,8 +83,8 @@ TEST(RateLimiter, DisagreementOverAdmitsAtMostWhatTheOthersAdmittedUnseen) {
     a.exchange();
     b.exchange();
     c.exchange();
-    wait_for(
-        [&] { return a.known("k") == total && b.known("k") == total && c.known("k") == total; });
+    ASSERT_TRUE(bus_test::eventually(
+        [&] { return a.known("k") == total && b.known("k") == total && c.known("k") == total; }));
     // The documented bound: the limit plus what the other nodes admitted in one exchange
     // interval (two nodes x 20 here).
     EXPECT_LE(total, 100u + 2 * 20) << "round " << round;
@@ -106,7 +103,7 @@ TEST(RateLimiter, CountsOfAWindowThatHasPassedAreIgnored) {
   EXPECT_EQ(admit_n(a, "k", 10), 10u);
   clock_b.ms += 1000;  // b is in the next window already when a's counts arrive
   a.exchange();
-  wait_for([&] { return b.stats().stale == 1; });
+  ASSERT_TRUE(bus_test::eventually([&] { return b.stats().stale == 1; }));
   EXPECT_EQ(b.known("k"), 0u);
   EXPECT_EQ(admit_n(b, "k", 10), 10u);
 }
@@ -121,7 +118,7 @@ TEST(RateLimiter, ALostMessageIsRepairedByTheNextExchange) {
   EXPECT_EQ(b.known("k"), 0u);
   EXPECT_EQ(admit_n(a, "k", 1), 1u);
   a.exchange();  // absolute counts: b learns all 31 at once
-  wait_for([&] { return b.known("k") == 31; });
+  ASSERT_TRUE(bus_test::eventually([&] { return b.known("k") == 31; }));
 }
 
 TEST(RateLimiter, PeriodicExchangeNeedsNoCall) {
@@ -130,7 +127,8 @@ TEST(RateLimiter, PeriodicExchangeNeedsNoCall) {
   RateLimiter a(bus, "auto", opts);
   RateLimiter b(bus, "auto", opts);
   EXPECT_EQ(admit_n(a, "k", 12), 12u);
-  wait_for([&] { return b.known("k") >= 12 || a.known("k") == 0; });  // (a new hour: start over)
+  ASSERT_TRUE(bus_test::eventually(
+      [&] { return b.known("k") >= 12 || a.known("k") == 0; }));  // (a new hour: start over)
   EXPECT_TRUE(b.known("k") == 12 || a.known("k") == 0);
 }
 

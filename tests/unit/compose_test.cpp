@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/test_support.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -27,21 +29,16 @@ inline const bus::Endpoint<int, unsigned> shard_of{
     "compose_test.shard_of", [](const int& k) -> uint64_t { return static_cast<uint64_t>(k); }};
 inline const bus::Topic<int> go{"compose_test.go"};
 
-/// Until `cond`, yielding (no timing assumption: the condition is the event).
-template <class F>
-void wait_for(F cond) {
-  while (!cond()) std::this_thread::sleep_for(1ms);
-}
-
 /// An endpoint handler that blocks until released (a call "slower than the deadline").
 struct Gate {
-  std::atomic<bool> open{false};
+  bus_test::Gate door;
   std::atomic<int> entered{0};
   int pass(int v) {
     entered.fetch_add(1);
-    while (!open.load()) std::this_thread::sleep_for(1ms);
+    door.wait();
     return v;
   }
+  void open() { door.open(); }
 };
 
 /// A service composing calls: records what its continuations saw.
@@ -61,7 +58,7 @@ std::string show(const absl::StatusOr<int>& r) {
 /// composing service runs on executor 1.
 class Composing : public testing::Test {
  protected:
-  ~Composing() override { gate.open = true; }  // no handler may stay blocked as the bus stops
+  ~Composing() override { gate.open(); }  // no handler may stay blocked as the bus stops
 
   bus::Bus bus{bus::Options().executors(3)};
   Gate gate;
@@ -93,7 +90,7 @@ TEST(Reactor, AllGathersEveryOutcomeInOrderOnTheCallersExecutor) {
         });
   });
   ASSERT_TRUE(bus.publish(go, 21).ok());
-  wait_for([&] { return svc.state().done.load() == 1; });
+  ASSERT_TRUE(bus_test::eventually([&] { return svc.state().done.load() == 1; }));
   EXPECT_EQ(svc.state().ran_on, 1u);
   EXPECT_EQ(svc.state().seen, (std::vector<std::string>{"42", "n21", "INTERNAL", "UNAVAILABLE"}));
   auto st = svc.state().reactor.stats();
@@ -113,11 +110,12 @@ TEST_F(Composing, TheCompositionDeadlineCutsACallThatIsStillRunning) {
   ASSERT_TRUE(bus.publish(go, 5).ok());
   // The continuation runs while the slow handler is still blocked: the deadline, not the
   // reply, ended the wait.
-  wait_for([&] { return svc.state().done.load() == 1; });
+  ASSERT_TRUE(bus_test::eventually([&] { return svc.state().done.load() == 1; }));
   EXPECT_EQ(gate.entered.load(), 1);
   EXPECT_EQ(svc.state().seen, (std::vector<std::string>{"DEADLINE_EXCEEDED", "10"}));
-  gate.open = true;
-  wait_for([&] { return bus.stats().channel("compose_test.held")->late_replies == 1; });
+  gate.open();
+  ASSERT_TRUE(bus_test::eventually(
+      [&] { return bus.stats().channel("compose_test.held")->late_replies == 1; }));
 }
 
 TEST_F(Composing, ACallCanHaveAShorterDeadlineOfItsOwn) {
@@ -129,9 +127,9 @@ TEST_F(Composing, ACallCanHaveAShorterDeadlineOfItsOwn) {
         });
   });
   ASSERT_TRUE(bus.publish(go, 4).ok());
-  wait_for([&] { return svc.state().done.load() == 1; });
+  ASSERT_TRUE(bus_test::eventually([&] { return svc.state().done.load() == 1; }));
   EXPECT_EQ(svc.state().seen, (std::vector<std::string>{"DEADLINE_EXCEEDED", "8"}));
-  gate.open = true;
+  gate.open();
 }
 
 TEST_F(Composing, FirstTakesTheFirstSuccessAndDropsTheRest) {
@@ -144,11 +142,11 @@ TEST_F(Composing, FirstTakesTheFirstSuccessAndDropsTheRest) {
   });
   auto bad = bus.serve(thrower, [](int&&) -> int { throw std::runtime_error("boom"); });
   ASSERT_TRUE(bus.publish(go, 3).ok());
-  wait_for([&] { return svc.state().done.load() == 1; });
+  ASSERT_TRUE(bus_test::eventually([&] { return svc.state().done.load() == 1; }));
   EXPECT_EQ(svc.state().seen, (std::vector<std::string>{"6", "2"}));
   EXPECT_EQ(svc.state().reactor.stats().pending, 1u);  // the held call is still out
-  gate.open = true;
-  wait_for([&] { return svc.state().reactor.stats().pending == 0; });
+  gate.open();
+  ASSERT_TRUE(bus_test::eventually([&] { return svc.state().reactor.stats().pending == 0; }));
   EXPECT_EQ(svc.state().done.load(), 1);  // the later reply ran nothing
 }
 
@@ -167,7 +165,7 @@ TEST(Reactor, FirstReportsEveryFailureWhenAllFail) {
         });
   });
   ASSERT_TRUE(bus.publish(go, 1).ok());
-  wait_for([&] { return svc.state().done.load() == 1; });
+  ASSERT_TRUE(bus_test::eventually([&] { return svc.state().done.load() == 1; }));
   EXPECT_EQ(which, SIZE_MAX);
   EXPECT_NE(message.find("all 2 calls failed"), std::string::npos) << message;
   EXPECT_NE(message.find("[0] INTERNAL"), std::string::npos) << message;
@@ -198,7 +196,7 @@ TEST(Reactor, EachAsksEveryInstanceOfAPoolAndEveryShard) {
     });
   });
   ASSERT_TRUE(bus.publish(go, 0).ok());
-  wait_for([&] { return svc.state().done.load() == 1; });
+  ASSERT_TRUE(bus_test::eventually([&] { return svc.state().done.load() == 1; }));
   EXPECT_EQ(from_pool, (std::multiset<unsigned>{10, 11, 12}));
   EXPECT_EQ(from_shards, (std::multiset<unsigned>{20, 21, 22, 23}));
 }
@@ -214,7 +212,7 @@ TEST(Reactor, EachWithNoServerAnswersAnEmptyList) {
     });
   });
   ASSERT_TRUE(bus.publish(go, 0).ok());
-  wait_for([&] { return svc.state().done.load() == 1; });
+  ASSERT_TRUE(bus_test::eventually([&] { return svc.state().done.load() == 1; }));
   EXPECT_EQ(size, 0u);
 }
 
@@ -237,7 +235,7 @@ TEST(Reactor, ThousandsOfConcurrentCompositionsAllCompleteAndLeaveNothing) {
     }
   });
   ASSERT_TRUE(bus.publish(go, 0).ok());
-  wait_for([&] { return svc.state().done.load() == kCompositions; });
+  ASSERT_TRUE(bus_test::eventually([&] { return svc.state().done.load() == kCompositions; }));
   EXPECT_EQ(sum.load(), static_cast<long>(kCompositions) * (kCompositions - 1) / 2);
   auto st = svc.state().reactor.stats();
   EXPECT_EQ(st.started, static_cast<uint64_t>(kCompositions));
@@ -259,13 +257,13 @@ TEST_F(Composing, PendingCompositionsAreBoundedAndTheRefusedAreCounted) {
     }
   });
   ASSERT_TRUE(bus.publish(go, 0).ok());
-  wait_for([&] { return refused.load() == 20; });
+  ASSERT_TRUE(bus_test::eventually([&] { return refused.load() == 20; }));
   auto st = bounded.state().reactor.stats();
   EXPECT_EQ(st.pending, 10u);
   EXPECT_EQ(st.rejected, 20u);
   EXPECT_EQ(ok.load(), 0);
-  gate.open = true;
-  wait_for([&] { return ok.load() == 10; });
+  gate.open();
+  ASSERT_TRUE(bus_test::eventually([&] { return ok.load() == 10; }));
   EXPECT_EQ(bounded.state().reactor.stats().pending, 0u);
 }
 
@@ -299,11 +297,11 @@ TEST(Reactor, AStoppedServiceGetsNoContinuationAndNoReplyCallback) {
   // And a plain Service::request, whose callback must not run either.
   svc.request(held2, 1, 30s, [](Watched& w, absl::StatusOr<int>) { w.ran_->fetch_add(w.value); });
   ASSERT_TRUE(bus.publish(go, 1).ok());
-  wait_for([&] { return gate.entered.load() == 2; });
+  ASSERT_TRUE(bus_test::eventually([&] { return gate.entered.load() == 2; }));
   svc.stop();
   EXPECT_EQ(gone->load(), 1);  // destroyed on its executor before stop() returned
   EXPECT_FALSE(svc.running());
-  gate.open = true;
+  gate.open();
   ASSERT_TRUE(bus.stop().ok());  // every reply has come back and been handled
   EXPECT_EQ(ran->load(), 0);
   svc.stop();  // idempotent
@@ -354,7 +352,7 @@ TEST(ServiceStop, FromItsOwnHandlerTheStateGoesAfterTheHandlerReturns) {
   });
   svc.every(1ms, [](Watched& w) { w.ran_->fetch_add(1000); });
   ASSERT_TRUE(bus.publish(go, 1).ok());
-  wait_for([&] { return gone->load() == 1; });
+  ASSERT_TRUE(bus_test::eventually([&] { return gone->load() == 1; }));
   int after = ran->load();
   EXPECT_EQ(after % 1000, 7);
   ASSERT_TRUE(bus.publish(go, 1).ok());  // no handler any more

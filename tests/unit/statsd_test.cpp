@@ -1,10 +1,5 @@
 // StatsD export: datagrams received on a real local UDP socket and read line by line.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <bus/bus.hpp>
 #include <bus/statsd.hpp>
@@ -12,49 +7,18 @@
 #include <string>
 #include <vector>
 
+#include "support/test_support.hpp"
+#include "support/udp_listener.hpp"
+
 namespace {
 
 using namespace std::chrono_literals;
 
 inline const bus::Topic<int> ticks{"statsd_test.ticks"};
 
-/// A UDP socket on 127.0.0.1 with a kernel-chosen port.
-class Listener {
- public:
-  Listener() {
-    fd_ = ::socket(AF_INET, SOCK_DGRAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-  }
-  ~Listener() { ::close(fd_); }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  /// The datagrams waiting now (after a push() returned, they are all in the socket buffer).
-  std::vector<std::string> take() {
-    std::vector<std::string> out;
-    char buf[65536];
-    pollfd p{fd_, POLLIN, 0};
-    while (::poll(&p, 1, 0) == 1) {
-      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-      if (n < 0) break;
-      out.emplace_back(buf, static_cast<std::size_t>(n));
-    }
-    return out;
-  }
-  /// Blocks until one datagram comes (for the exporter's own thread).
-  std::string wait_one() {
-    char buf[65536];
-    ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-    return n < 0 ? "" : std::string(buf, static_cast<std::size_t>(n));
-  }
-
- private:
-  int fd_ = -1;
-  uint16_t port_ = 0;
+/// A UDP socket the exporter sends to.
+struct Listener : bus_test::UdpListener {
+  Listener() { EXPECT_TRUE(bound()); }
 };
 
 /// name -> "value|type[|@rate]" for every line of the datagrams.
@@ -82,7 +46,7 @@ TEST(Statsd, PushesChannelCountersAsDeltasAndDepthsAsGauges) {
   auto sub = bus.subscribe(ticks, [&](const int&) { got.fetch_add(1); });
   bus::StatsdExporter statsd(bus, bus::StatsdOptions().address(udp.address()).interval(1h));
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(bus.publish(ticks, i).ok());
-  while (got.load() < 5) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(bus_test::eventually([&] { return got.load() == 5; }));
   statsd.push();
   auto first = lines(udp.take());
   EXPECT_EQ(first["bus.channel.statsd_test.ticks.published"], "5|c");
@@ -92,7 +56,7 @@ TEST(Statsd, PushesChannelCountersAsDeltasAndDepthsAsGauges) {
   EXPECT_EQ(first["bus.held_records"], "0|g");
 
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(bus.publish(ticks, i).ok());
-  while (got.load() < 8) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(bus_test::eventually([&] { return got.load() == 8; }));
   statsd.push();
   auto second = lines(udp.take());
   EXPECT_EQ(second["bus.channel.statsd_test.ticks.published"], "3|c");  // the delta
