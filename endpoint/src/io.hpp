@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bus/http/server.hpp"
+#include "bus/http/websocket.hpp"
 #include "metrics.hpp"
 #include "router.hpp"
 
@@ -32,6 +33,19 @@ using tcp = asio::ip::tcp;
 namespace detail {
 
 class IoThread;
+class WsSession;
+struct WsHub;
+struct WsHubDeleter {
+  void operator()(WsHub* h) const;
+};
+WsHub* make_ws_hub();
+
+/// WebSocket counters of one I/O thread (written by it, read by stats()).
+struct WsCounters {
+  std::atomic<uint64_t> open{0}, accepted{0}, frames_in{0}, messages_out{0}, frames_out{0},
+      refused{0}, bad_frames{0}, dropped{0}, closed_slow{0}, published{0}, calls{0},
+      queued_bytes{0};
+};
 
 /// One connection: reads a request, has it answered, writes the reply, and again while the
 /// client keeps the connection alive. Pipelined requests wait in the buffer and are answered in
@@ -115,6 +129,8 @@ struct Server::Impl {
   std::vector<std::unique_ptr<Endpoint<uint32_t, uint32_t>>> probes;
   std::vector<Subscription> probe_servers;
 
+  std::unique_ptr<WebSocketBridge> websocket;  // null: no WebSocket bridge
+
   void serve_health(const Request& req, Responder respond);
   Reply serve_metrics() const;
 };
@@ -142,6 +158,11 @@ class IoThread {
   std::vector<std::unique_ptr<RouteCounters>> counters;  // by route label
   absl::flat_hash_set<Session*> sessions;
   bool draining = false;
+  // The WebSocket bridge's connections and topic subscriptions on this thread.
+  WsCounters ws;
+  absl::flat_hash_set<WsSession*> ws_sessions;
+  std::unique_ptr<WsHub, WsHubDeleter> ws_hub;
+  ExternalInbox& inbox() { return *inbox_; }
 
   /// Called before a route handler runs: the bus requests made until the current round of
   /// ready I/O ends are published together (one release and at most one wake per executor,
@@ -156,6 +177,8 @@ class IoThread {
   void arm_bus_timer();
   /// Called when a session ends.
   void forget(Session* s);
+  /// Stops the event loop (shutdown: every connection is gone).
+  void finish();
 
  private:
   void run(std::mutex& mu, std::condition_variable& cv, bool& ready);
@@ -168,7 +191,6 @@ class IoThread {
   void wait_for_wake();
   void sweep();
   void begin_shutdown();
-  void finish();
 
   tcp::acceptor acceptor_{ioc};
   uint16_t port_ = 0;
@@ -185,6 +207,12 @@ class IoThread {
   bool finished_ = false;
   std::thread thread_;
 };
+
+/// A GET of the WebSocket path: upgrades the connection (taking `socket` and the request) and
+/// returns true, or false when it is not an upgrade request.
+bool upgrade(IoThread& io, tcp::socket& socket, bh::request_parser<bh::string_body>& parser);
+/// Closes the thread's WebSocket connections: with a closing handshake, or `now`.
+void close_websockets(IoThread& io, bool now);
 
 }  // namespace detail
 }  // namespace bus::http

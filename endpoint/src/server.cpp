@@ -154,6 +154,14 @@ void Server::run_until_signal() {
   waiter.join();
 }
 
+WebSocketBridge& Server::websocket(WebSocketOptions options) {
+  if (!impl_->websocket) {
+    if (impl_->started) throw std::logic_error("bus::http: websocket() after start()");
+    impl_->websocket = std::make_unique<WebSocketBridge>(std::move(options));
+  }
+  return *impl_->websocket;
+}
+
 ServerStats Server::stats() const {
   ServerStats out;
   out.connections_open = impl_->open.load(std::memory_order_relaxed);

@@ -141,6 +141,18 @@ void Session::dispatch() {
   }
 
   std::string_view target = view(msg.target());
+  if (const WebSocketBridge* ws = io_.server.websocket.get();
+      ws != nullptr && target.substr(0, target.find('?')) == ws->options().path()) {
+    route_ = io_.server.unmatched;
+    if (*method == Method::kGet && upgrade(io_, socket_, *parser_)) {
+      phase_ = Phase::kClosed;  // the socket is the WebSocket's now
+      deadline_.reset();
+      return;
+    }
+    return write(Reply::error(426, "upgrade_required",
+                              "GET " + ws->options().path() + " is a WebSocket: send an upgrade"),
+                 nullptr);
+  }
   std::vector<std::string_view> path;
   Request::Fields query;
   kj::Maybe<kj::Url> url;
@@ -284,6 +296,7 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
   std::snprintf(name, sizeof name, "bus-http-%u", index);
   pthread_setname_np(pthread_self(), name);
   inbox_.emplace(server.bus);  // this thread's bus inbox: replies to its requests come here
+  ws_hub.reset(make_ws_hub());
   wake_.emplace(ioc, ::dup(inbox_->fd()));
   wait_for_wake();
   accept();
@@ -301,9 +314,11 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
   // Stopped. Close what is left, let the aborted operations release their sessions, then close
   // the inbox: requests still pending are cancelled and their answers go nowhere.
   for (Session* s : std::vector<Session*>(sessions.begin(), sessions.end())) s->close();
+  close_websockets(*this, /*now=*/true);
   waiting_.clear();
   ioc.restart();
   ioc.poll();
+  ws_hub.reset();  // its bus subscriptions, before the inbox they run on
   batch_.reset();
   inbox_.reset();
   ioc.poll();
@@ -469,19 +484,21 @@ void IoThread::begin_shutdown() {
   for (Session* s : std::vector<Session*>(sessions.begin(), sessions.end())) {
     if (s->phase() == Session::Phase::kIdle || s->phase() == Session::Phase::kReading) s->close();
   }
+  close_websockets(*this, /*now=*/false);  // "going away", with a closing handshake
   grace_timer_.expires_after(server.options.grace());
   grace_timer_.async_wait([this](beast::error_code ec) {
     if (ec) return;
     for (Session* s : std::vector<Session*>(sessions.begin(), sessions.end())) s->close();
+    close_websockets(*this, /*now=*/true);
     finish();
   });
-  if (sessions.empty()) finish();
+  if (sessions.empty() && ws_sessions.empty()) finish();
 }
 
 void IoThread::forget(Session* s) {
   sessions.erase(s);
   server.open.fetch_sub(1, std::memory_order_relaxed);
-  if (draining && sessions.empty()) finish();
+  if (draining && sessions.empty() && ws_sessions.empty()) finish();
 }
 
 void IoThread::finish() {

@@ -20,6 +20,9 @@ using PingReply = bus::Message<greeting::PingReply>;
 // (the caller gets 503 and the request is counted as failed).
 inline const bus::Endpoint<GreetingRequest, Greeting> greet{"greeting", bus::Overflow::kFail};
 inline const bus::Endpoint<PingRequest, PingReply> ping{"myservice.ping", bus::Overflow::kFail};
+// Every greeting the HTTP front answers, published for whoever watches (the web page, over the
+// WebSocket bridge). Dropped rather than waited for when a subscriber's ring is full.
+inline const bus::Topic<Greeting> greeted{"greeting.greeted", bus::Overflow::kDrop};
 
 /// The service: stateless here, but pinned to an executor like any bus service.
 struct GreetingService {

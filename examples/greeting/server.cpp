@@ -1,4 +1,6 @@
-// The greeting example's HTTP front: GET /greeting/{name} and GET /services/myservice/ping.
+// The greeting example's HTTP front: GET /greeting/{name} and GET /services/myservice/ping, and
+// a web page (GET /, examples/greeting/web) that watches the greetings live over the WebSocket
+// bridge (GET /bus) and asks for its own.
 //
 //   greeting_server --port 8080                      service in this process
 //   greeting_server --port 8080 --peers tcp://127.0.0.1:7501
@@ -12,7 +14,9 @@
 #include <bus/http/server.hpp>
 #include <bus/net/node.hpp>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "greeting.hpp"
 
@@ -26,6 +30,7 @@ ABSL_FLAG(bool, direct, false, "answer on the I/O thread, without the bus");
 ABSL_FLAG(std::string, peers, "",
           "publish endpoints of nodes serving the endpoints (empty: serve them here)");
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7500", "where this node publishes (--peers)");
+ABSL_FLAG(std::string, web, GREETING_WEB_DIR, "folder of the web page served at GET /");
 
 using namespace greeting_app;
 
@@ -64,11 +69,34 @@ int main(int argc, char** argv) {
       return Reply::text("Hello " + std::string(*r.param("name")));
     });
   } else {
-    // The path parameter fills GreetingRequest.name; the reply is plain text, as Quarkus'.
-    http.route(Method::kGet, "/greeting/{name}", greet).reply([](const Greeting& g) {
+    // The path parameter fills GreetingRequest.name; the reply is plain text, as Quarkus'. Each
+    // greeting is also published on `greeted` (nearly free while nobody subscribes).
+    http.route(Method::kGet, "/greeting/{name}", greet).reply([&bus](const Greeting& g) {
+      (void)bus.publish(greeted, g);
       return Reply::text(g->getMessage().cStr());
     });
   }
+  // The web page and its WebSocket: it may watch `greeting.greeted` and call `greeting`;
+  // nothing else on the bus is reachable from a browser.
+  std::string page;
+  {
+    std::ifstream in(absl::GetFlag(FLAGS_web) + "/index.html");
+    std::stringstream text;
+    text << in.rdbuf();
+    page = text.str();
+    if (page.empty()) {
+      std::fprintf(stderr, "[greeting] no web page at %s/index.html (--web)\n",
+                   absl::GetFlag(FLAGS_web).c_str());
+    }
+  }
+  http.handle(Method::kGet, "/", [&page](const bus::http::Request&) {
+    return Reply{200, "text/html; charset=utf-8", page, {}};
+  });
+  http.websocket()
+      .topic(greeted)
+      .endpoint(greet)
+      .permit(bus::http::Permit::kSubscribe, "greeting.greeted", bus::http::Match::kExact)
+      .permit(bus::http::Permit::kRequest, "greeting", bus::http::Match::kExact);
   // QBit answers a JSON array: the reply's list, written by Cap'n Proto's JSON codec.
   http.route(Method::kGet, "/services/myservice/ping", ping).reply([](const PingReply& r) {
     return Reply::json(bus::http::to_json(r->getGreetings()));

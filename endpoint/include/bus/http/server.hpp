@@ -26,6 +26,7 @@
 #include "bus/http/json.hpp"
 #include "bus/http/options.hpp"
 #include "bus/http/request.hpp"
+#include "bus/http/websocket.hpp"
 #include "bus/net/limiter.hpp"
 #include "bus/statsd.hpp"
 
@@ -174,6 +175,11 @@ class Server {
   /// start() if needed, then blocks until SIGINT or SIGTERM (or shutdown()), then shuts down
   /// gracefully and returns.
   void run_until_signal();
+
+  /// The WebSocket bridge, created on first use with `options` (later calls return it and
+  /// ignore theirs). Configure it before start().
+  WebSocketBridge& websocket(WebSocketOptions options = {});
+  WebSocketStats websocket_stats() const;
 
   ServerStats stats() const;
   /// The figures /metrics shows for HTTP (requests by route and status, latency, connections),
