@@ -53,3 +53,20 @@ struct Channel {
   kind @3 :Kind;
   enum Kind { topic @0; queue @1; endpoint @2; }
 }
+
+# Every node answers requests on the reserved endpoint "$bus.stats" (sent to it directly, it is
+# not announced in `serves`) with its figures: what /metrics and StatsD show for its bus and its
+# bridge. `busctl stats` asks for them.
+struct NodeStatsRequest {}
+
+struct NodeStatsReply {
+  node @0 :UInt64;
+  name @1 :Text;
+  figures @2 :List(Figure);
+}
+
+struct Figure {
+  name @0 :Text;      # "node.published", "channel.demo.readings.delivered", ...
+  value @1 :Float64;
+  gauge @2 :Bool;     # a level (ring depth, peers), not a running total
+}

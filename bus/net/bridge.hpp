@@ -92,6 +92,9 @@ struct PeerState {
   absl::flat_hash_map<std::string, uint64_t> send_seq;  // queues: last seq sent to it per channel
 };
 
+/// A node's figures (what its StatsD source sends).
+void node_figures(const NodeStats& s, StatsdSink& out);
+
 class Bridge final : public Link {
  public:
   Bridge(Bus& bus, NodeOptions options);
@@ -150,6 +153,16 @@ class Bridge final : public Link {
   bool oversized(const Bridged& channel, std::size_t bytes) override;
   void call(Bridged& channel, std::string payload, Clock::time_point deadline,
             std::unique_ptr<PendingCall> pending) override;
+  /// call(), to node `to` (0: any live node serving the channel).
+  void call_to(uint64_t to, Bridged& channel, std::string payload, Clock::time_point deadline,
+               std::unique_ptr<PendingCall> pending);
+
+  // Untyped access (Node::tap, publish_raw, call_raw), on the bridge thread.
+  void tap(std::string topic, RawHandler fn);
+  absl::StatusOr<std::size_t> publish_raw(const std::string& topic, uint64_t type_id,
+                                          const std::string& payload);
+  void call_raw(std::string endpoint, uint64_t type_id, uint64_t reply_type_id, uint64_t peer,
+                std::string payload, Clock::time_point deadline, RawReply done);
   absl::Status send(Bridged& channel, std::string payload) override;
   void reply(Bridged& channel, const RemoteCall& to, const absl::Status& status,
              std::string payload) override;
@@ -185,6 +198,11 @@ class Bridge final : public Link {
   void on_xpub(const zmq::message_t& m);
   void on_zap();
   void on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::word> payload);
+  /// A publish (from the SUB socket, or sent straight to the ROUTER): to the imported topic's
+  /// subscribers and to taps.
+  void on_publish(absl::string_view name, const EnvelopeFields& env, const Payloads& payloads);
+  /// A "$bus.stats" request: answers this node's figures.
+  void serve_stats(const RemoteCall& call);
   /// Delivers payloads of a publish or send, counting sequence gaps per (sender, channel).
   void deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads);
 
@@ -260,6 +278,9 @@ class Bridge final : public Link {
   std::vector<std::pair<uint64_t, Clock::time_point>> goodbyes_;  // leaving nodes we confirm
   absl::flat_hash_set<uint64_t> goodbye_acks_;  // peers that confirmed our own goodbye
   Clock::time_point next_heartbeat_{};
+  absl::flat_hash_map<std::string, RawHandler> taps_;  // by topic; "" is every topic
+  absl::flat_hash_set<std::string> tapped_;            // subscribed for taps
+  absl::flat_hash_map<std::string, std::unique_ptr<Bridged>> raw_calls_;  // call_raw channels
   Clock::time_point next_check_{};
 };
 

@@ -62,13 +62,25 @@ void Bridge::on_sub(Parts& parts) {
   if (env->kind != wire::Envelope::Kind::PUBLISH) {
     return malformed("subscriber", absl::InvalidArgumentError("not a publish"));
   }
+  on_publish(name, *env, payloads);
+}
+
+void Bridge::on_publish(absl::string_view name, const EnvelopeFields& env,
+                        const Payloads& payloads) {
   auto it = import_topics_.find(name);
-  if (it == import_topics_.end()) {
-    // A longer name that shares our subscription's prefix: ZeroMQ filters by prefix only.
-    ++counters_.unknown_channel;
-    return;
+  bool tapped = false;
+  for (absl::string_view key : {name, absl::string_view()}) {
+    auto tap = taps_.find(key);
+    if (tap == taps_.end()) continue;
+    tapped = true;
+    for (auto payload : payloads.items()) {
+      tap->second(
+          RawMessage{std::string_view(name.data(), name.size()), env.type_id, env.sender, payload});
+    }
   }
-  deliver(*it->second, *env, payloads);
+  if (it != import_topics_.end()) return deliver(*it->second, env, payloads);
+  // A longer name that shares our subscription's prefix: ZeroMQ filters by prefix only.
+  if (!tapped) ++counters_.unknown_channel;
 }
 
 void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads) {
@@ -114,9 +126,20 @@ void Bridge::on_router(Parts& parts) {
   std::string name(view(parts[1]));
   RemoteCall call{std::string(view(parts[0])), env->correlation, env->sender};
   bool request = env->kind == wire::Envelope::Kind::REQUEST;
-  if (!request && env->kind != wire::Envelope::Kind::SEND) {
-    return malformed("request", absl::InvalidArgumentError("neither a request nor a send"));
+  if (env->kind == wire::Envelope::Kind::PUBLISH) {
+    // A topic message sent straight to this node (by a node it does not listen to: busctl).
+    Payloads& payloads = payloads_;
+    if (absl::Status st = payloads.parse(parts[3].data(), parts[3].size(), env->count, limits_);
+        !st.ok()) {
+      if (st.code() == absl::StatusCode::kResourceExhausted) return void(++counters_.oversized);
+      return malformed("request", st);
+    }
+    return on_publish(name, *env, payloads);
   }
+  if (!request && env->kind != wire::Envelope::Kind::SEND) {
+    return malformed("request", absl::InvalidArgumentError("not a request, send or publish"));
+  }
+  if (request && name == kStatsEndpoint) return serve_stats(call);
   auto& table = request ? export_endpoints_ : export_queues_;
   auto it = table.find(name);
   if (it == table.end()) {

@@ -182,6 +182,11 @@ void Bridge::heartbeat(bool leaving) {
 
 void Bridge::call(Bridged& channel, std::string payload, Clock::time_point deadline,
                   std::unique_ptr<PendingCall> pending) {
+  call_to(0, channel, std::move(payload), deadline, std::move(pending));
+}
+
+void Bridge::call_to(uint64_t to, Bridged& channel, std::string payload, Clock::time_point deadline,
+                     std::unique_ptr<PendingCall> pending) {
   if (oversized(channel, payload.size())) {
     pending->finish(
         absl::ResourceExhaustedError(absl::StrCat("bus.net: request of ", payload.size(),
@@ -189,7 +194,18 @@ void Bridge::call(Bridged& channel, std::string payload, Clock::time_point deadl
         {});
     return;
   }
-  PeerState* peer = pick_peer(channel, /*endpoint=*/true);
+  PeerState* peer = nullptr;
+  if (to != 0) {
+    auto it = peers_.find(to);
+    if (it == peers_.end() || !it->second.dealer) {
+      pending->finish(absl::UnavailableError(absl::StrCat("bus.net: node ", to, " is not live")),
+                      {});
+      return;
+    }
+    peer = &it->second;
+  } else {
+    peer = pick_peer(channel, /*endpoint=*/true);
+  }
   if (peer == nullptr) {
     pending->finish(
         absl::UnavailableError(absl::StrCat("bus.net: no live node serves '", channel.name, "'")),
@@ -310,6 +326,10 @@ void Bridge::update_subscriptions() {
       subscribed_.erase(name);
     }
     next_heartbeat_ = Clock::now();  // our imports changed: tell the peers
+  }
+  for (const auto& [name, fn] : taps_) {
+    if (subscribed_.contains(name) || !tapped_.insert(name).second) continue;
+    sub_->set(zmq::sockopt::subscribe, name);  // "" (every topic) included
   }
 }
 
@@ -446,8 +466,25 @@ std::vector<PeerInfo> Bridge::peers() const {
     i.id = id;
     i.name = p.name;
     i.request_endpoint = p.request_endpoint;
-    for (const auto& s : p.serves) i.serves.push_back(s.name);
-    for (const auto& s : p.imports) i.imports.push_back(s.name);
+    auto info = [](const ChannelDesc& c, bool served) {
+      ChannelInfo ci;
+      ci.name = c.name;
+      ci.kind = c.kind == wire::Channel::Kind::ENDPOINT ? ChannelInfo::Kind::kEndpoint
+                : c.kind == wire::Channel::Kind::QUEUE  ? ChannelInfo::Kind::kQueue
+                                                        : ChannelInfo::Kind::kTopic;
+      ci.type_id = c.type_id;
+      ci.reply_type_id = c.reply_type_id;
+      ci.served = served;
+      return ci;
+    };
+    for (const auto& s : p.serves) {
+      i.serves.push_back(s.name);
+      i.channels.push_back(info(s, true));
+    }
+    for (const auto& s : p.imports) {
+      i.imports.push_back(s.name);
+      i.channels.push_back(info(s, false));
+    }
     i.since_heartbeat = duration_cast<milliseconds>(now - p.last_seen);
     out.push_back(std::move(i));
   }

@@ -6,14 +6,14 @@
 #include <set>
 #include <string>
 
+#include "bridge.hpp"
 #include "bus/net/limiter.hpp"
 #include "bus/net/node.hpp"
 
 namespace bus::net {
 
-StatsdSource statsd_source(const Node& node) {
-  return [&node](StatsdSink& out) {
-    NodeStats s = node.stats();
+void detail::node_figures(const NodeStats& s, StatsdSink& out) {
+  {
     out.gauge("node.peers", static_cast<double>(s.peers.size()));
     out.counter("node.published", s.published);
     out.counter("node.publish_dropped", s.publish_dropped);
@@ -37,7 +37,11 @@ StatsdSource statsd_source(const Node& node) {
       out.counter(base + "gaps", t.gaps);
       out.counter(base + "rejected", t.rejected);
     }
-  };
+  }
+}
+
+StatsdSource statsd_source(const Node& node) {
+  return [&node](StatsdSink& out) { detail::node_figures(node.stats(), out); };
 }
 
 StatsdSource RateLimiter::statsd_source() const {

@@ -19,6 +19,8 @@
 namespace bus::net::detail {
 
 inline constexpr char kHeartbeatTopic[] = "$bus.heartbeat";
+/// Every node answers its figures here (wire::NodeStatsRequest -> wire::NodeStatsReply).
+inline constexpr char kStatsEndpoint[] = "$bus.stats";
 
 /// Envelope fields as plain values (frame 2).
 struct EnvelopeFields {

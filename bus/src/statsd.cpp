@@ -105,8 +105,9 @@ class Writer final : public StatsdSink {
   std::vector<std::string> packets_;
 };
 
-/// The bus's own figures, as /metrics shows them.
-void bus_source(Bus& bus, StatsdSink& out) {
+}  // namespace
+
+void detail::bus_figures(Bus& bus, StatsdSink& out) {
   Stats s = bus.stats();
   for (const ChannelStats& c : s.channels) {
     std::string base = absl::StrCat("channel.", c.name, ".");
@@ -127,7 +128,7 @@ void bus_source(Bus& bus, StatsdSink& out) {
   out.gauge("held_records", static_cast<double>(s.held_records));
 }
 
-}  // namespace
+namespace {}  // namespace
 
 struct StatsdExporter::Impl {
   Impl(Bus& b, StatsdOptions o)
@@ -163,7 +164,7 @@ struct StatsdExporter::Impl {
       now = sources;
     }
     uint64_t lines_before = writer.lines;
-    bus_source(bus, writer);
+    detail::bus_figures(bus, writer);
     for (auto& src : now) src(writer);
     uint64_t sent = 0, errors = 0;
     for (const std::string& p : writer.take()) {

@@ -64,6 +64,11 @@ class StatsdSink {
 };
 using StatsdSource = std::function<void(StatsdSink&)>;
 
+namespace detail {
+/// The bus's own figures (what /metrics shows for it), into `out`.
+void bus_figures(Bus& bus, StatsdSink& out);
+}  // namespace detail
+
 struct StatsdStats {
   uint64_t pushes = 0;
   uint64_t datagrams = 0;

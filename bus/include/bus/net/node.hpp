@@ -29,6 +29,16 @@ namespace detail {
 class Bridge;
 }
 
+/// A message as it crossed the wire, undecoded: for tools that learn types at run time (busctl).
+struct RawMessage {
+  std::string_view channel;
+  uint64_t type_id = 0;
+  uint64_t sender = 0;                      // node id
+  kj::ArrayPtr<const capnp::word> payload;  // one Cap'n Proto message; valid during the call
+};
+using RawHandler = absl::AnyInvocable<void(const RawMessage&)>;
+using RawReply = absl::AnyInvocable<void(absl::StatusOr<RawMessage>)>;
+
 #define BUS_NET_REQUIRE_CODEC(T)                                                              \
   static_assert(::bus::Bridgeable<T>,                                                         \
                 "bus: this channel's message type cannot cross processes: use a Cap'n Proto " \
@@ -83,6 +93,20 @@ class Node {
     BUS_NET_REQUIRE_CODEC(Rep);
     return add(std::make_unique<detail::ImportEndpoint<Req, Rep>>(endpoint));
   }
+
+  // ---- untyped access, for tools (busctl): types are schema ids known at run time ----------
+
+  /// Topic messages of other nodes on `topic` (empty: every topic this node hears), whatever
+  /// their type, go to `fn` on the bridge thread. Not announced to peers as an import.
+  Node& tap(std::string topic, RawHandler fn);
+  /// Sends one message of `type_id` on `topic` straight to every live node that imports it (over
+  /// their request sockets: they need not listen to this node). Returns how many nodes it went
+  /// to; Unavailable when none imports it, InvalidArgument when they import another type.
+  absl::StatusOr<std::size_t> publish_raw(std::string topic, uint64_t type_id, std::string payload);
+  /// Calls `endpoint` with a request of `type_id`, expecting `reply_type_id`, on node `peer` (0:
+  /// a live node that serves it with those types). `done` runs once, on the bridge thread.
+  void call_raw(std::string endpoint, uint64_t type_id, uint64_t reply_type_id, uint64_t peer,
+                std::string payload, Clock::duration timeout, RawReply done);
 
   /// Listens to one more node (like NodeOptions::peer, at run time).
   Node& peer(std::string endpoint, std::string public_key = {});

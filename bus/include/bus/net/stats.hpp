@@ -9,6 +9,16 @@
 
 namespace bus::net {
 
+/// A channel a peer announces, with its types (schema ids).
+struct ChannelInfo {
+  enum class Kind { kTopic, kQueue, kEndpoint };
+  std::string name;
+  Kind kind = Kind::kTopic;
+  uint64_t type_id = 0;        // the message type; the request type of an endpoint
+  uint64_t reply_type_id = 0;  // endpoints
+  bool served = false;         // served (endpoints, queues) rather than imported (topics)
+};
+
 /// A node this one hears heartbeats from.
 struct PeerInfo {
   uint64_t id = 0;
@@ -17,6 +27,7 @@ struct PeerInfo {
   std::vector<std::string> serves;   // endpoints and queues it takes from other nodes
   std::vector<std::string> imports;  // topics it subscribes to
   std::chrono::milliseconds since_heartbeat{0};
+  std::vector<ChannelInfo> channels;  // serves and imports, with their types
 };
 
 /// Traffic of one channel with one peer (`peer` 0: peers that are gone, folded together).

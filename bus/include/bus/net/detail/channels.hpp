@@ -179,6 +179,9 @@ class Bridged {
   };
   Bridged(Role r, const bus::detail::ChannelBase& ch, uint64_t type, uint64_t reply_type)
       : role(r), name(ch.name()), type_id(type), reply_type_id(reply_type) {}
+  /// A channel known by name only (untyped access: Node::call_raw).
+  Bridged(Role r, std::string n, uint64_t type, uint64_t reply_type)
+      : role(r), name(std::move(n)), type_id(type), reply_type_id(reply_type) {}
   virtual ~Bridged() = default;
 
   /// On the bridge thread, once registered / when the node stops.
