@@ -1,0 +1,159 @@
+// busctl against the multi-process demo (producer -> aggregator <- monitor), each a real
+// process on loopback TCP: every command, its output and its exit code, and the errors that
+// say what to do.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "integration/process.hpp"
+
+namespace {
+
+class Busctl : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    int base = 21000 + static_cast<int>(::getpid() % 400) * 10;
+    auto ep = [&](int n) { return "tcp://127.0.0.1:" + std::to_string(base + n); };
+    prod_ = ep(1);
+    agg_ = ep(2);
+    mon_ = ep(4);
+    aggregator_ = new integ::Child({DEMO_AGGREGATOR, "--publish=" + agg_, "--requests=" + ep(3),
+                                    "--peers=" + prod_ + "," + mon_});
+    monitor_ =
+        new integ::Child({DEMO_MONITOR, "--publish=" + mon_, "--peers=" + prod_ + "," + agg_});
+    producer_ = new integ::Child(
+        {DEMO_PRODUCER, "--publish=" + prod_, "--peers=" + agg_ + "," + mon_, "--rate=100"});
+  }
+  static void TearDownTestSuite() {
+    delete producer_;
+    delete monitor_;
+    delete aggregator_;
+  }
+
+  /// Runs busctl with `args`; its exit code, and what it printed (stdout and stderr) in `out`.
+  int busctl(std::vector<std::string> args, std::string* out, bool schema = true) {
+    std::vector<std::string> argv = {BUSCTL, "--wait=20s"};
+    if (schema) argv.push_back("--schema=" + std::string(DEMO_SCHEMA));
+    argv.insert(argv.end(), args.begin(), args.end());
+    return integ::run_command(argv, out);
+  }
+  static std::vector<std::string> lines(const std::string& s) {
+    std::vector<std::string> out;
+    std::size_t at = 0;
+    while (at < s.size()) {
+      std::size_t end = s.find('\n', at);
+      if (end == std::string::npos) end = s.size();
+      out.push_back(s.substr(at, end - at));
+      at = end + 1;
+    }
+    return out;
+  }
+  static bool has(const std::string& s, const std::string& part) {
+    return s.find(part) != std::string::npos;
+  }
+
+  static inline std::string prod_, agg_, mon_;
+  static inline integ::Child* aggregator_ = nullptr;
+  static inline integ::Child* monitor_ = nullptr;
+  static inline integ::Child* producer_ = nullptr;
+};
+
+TEST_F(Busctl, PeersListsTheNodesAndWhatTheyServe) {
+  std::string out;
+  ASSERT_EQ(busctl({"--peer=" + agg_ + "," + prod_ + "," + mon_, "peers"}, &out), 0) << out;
+  EXPECT_TRUE(has(out, "aggregator  id=")) << out;
+  EXPECT_TRUE(has(out, "producer  id=")) << out;
+  EXPECT_TRUE(has(out, "monitor  id=")) << out;
+  EXPECT_TRUE(
+      has(out, "serves  endpoint demo.stats  type 0x97f4fe7cd884377b -> 0xb0c964ce97b266db"))
+      << out;
+  EXPECT_TRUE(has(out, "imports topic    demo.readings  type 0xec296e21d841688d")) << out;
+}
+
+TEST_F(Busctl, SubPrintsJsonLinesUpToCount) {
+  std::string out;
+  ASSERT_EQ(busctl({"--peer=" + prod_, "--count=3", "--timeout=30s", "sub", "demo.readings"}, &out),
+            0)
+      << out;
+  auto ls = lines(out);
+  ASSERT_EQ(ls.size(), 3u) << out;
+  for (const auto& l : ls) {
+    EXPECT_EQ(l.rfind(R"({"sensor":")", 0), 0u) << l;
+    EXPECT_TRUE(has(l, R"("seq":")")) << l;
+  }
+}
+
+TEST_F(Busctl, CallPrintsTheReply) {
+  std::string out;
+  ASSERT_EQ(busctl({"--peer=" + agg_, "call", "demo.stats", "{}"}, &out), 0) << out;
+  EXPECT_EQ(out.rfind(R"({"readings":")", 0), 0u) << out;
+  EXPECT_TRUE(has(out, R"("sensors":[)")) << out;
+}
+
+TEST_F(Busctl, PubReachesTheNodesThatSubscribe) {
+  std::string out;
+  ASSERT_EQ(busctl({"--peer=" + agg_, "pub", "demo.readings",
+                    R"({"sensor":"from-busctl","value":42.5,"seq":"1"})"},
+                   &out),
+            0)
+      << out;
+  EXPECT_EQ(out, "published to 1 node\n");  // the aggregator (the one --peer heard)
+  ASSERT_EQ(busctl({"--peer=" + agg_, "call", "demo.stats", "{}"}, &out), 0) << out;
+  EXPECT_TRUE(has(out, R"({"sensor":"from-busctl","count":"1","mean":42.5)")) << out;
+}
+
+TEST_F(Busctl, StatsPrintsANodesCounters) {
+  std::string out;
+  ASSERT_EQ(busctl({"--peer=" + agg_, "stats", "aggregator"}, &out), 0) << out;
+  EXPECT_EQ(out.rfind("aggregator (id ", 0), 0u) << out;
+  EXPECT_TRUE(has(out, "\n  channel.demo.readings.delivered ")) << out;
+  EXPECT_TRUE(has(out, "\n  node.channel.demo.readings.received ")) << out;
+  EXPECT_TRUE(has(out, "\n  node.peers ")) << out;
+  EXPECT_EQ(busctl({"--peer=" + agg_, "--wait=1s", "stats", "nobody"}, &out), 2) << out;
+  EXPECT_TRUE(has(out, "no live node named 'nobody'")) << out;
+}
+
+TEST_F(Busctl, TapShowsEveryMessageWithItsChannelAndSender) {
+  std::string out;
+  ASSERT_EQ(busctl({"--peer=" + prod_, "--count=2", "--timeout=30s", "tap"}, &out), 0) << out;
+  auto ls = lines(out);
+  ASSERT_EQ(ls.size(), 2u) << out;
+  for (const auto& l : ls) EXPECT_EQ(l.rfind(R"(demo.readings producer {"sensor":")", 0), 0u) << l;
+}
+
+TEST_F(Busctl, ErrorsSayWhatToDoWithDistinctExitCodes) {
+  std::string out;
+  // Usage.
+  EXPECT_EQ(busctl({"--peer=" + agg_, "frobnicate"}, &out), 1) << out;
+  EXPECT_TRUE(has(out, "unknown command 'frobnicate'")) << out;
+  EXPECT_EQ(busctl({"call", "demo.stats", "{}"}, &out), 1) << out;
+  EXPECT_TRUE(has(out, "--peer is required")) << out;
+  // Nobody there.
+  EXPECT_EQ(busctl({"--peer=tcp://127.0.0.1:1", "--wait=1s", "peers"}, &out), 2) << out;
+  EXPECT_TRUE(has(out, "no peer reachable")) << out;
+  EXPECT_EQ(busctl({"--peer=" + agg_, "--wait=1s", "call", "demo.nothing", "{}"}, &out), 2);
+  EXPECT_TRUE(has(out, "no live node serves 'demo.nothing'")) << out;
+  // A field the schema does not have.
+  EXPECT_EQ(busctl({"--peer=" + agg_, "call", "demo.stats", R"({"sensr":"x"})"}, &out), 3);
+  EXPECT_TRUE(has(out, "the JSON is not a StatsRequest")) << out;
+  EXPECT_TRUE(has(out, "sensr")) << out;
+  // No schema for the channel's type.
+  EXPECT_EQ(busctl({"--peer=" + agg_, "call", "demo.stats", "{}"}, &out, /*schema=*/false), 3);
+  EXPECT_TRUE(has(out, "carries type 0x97f4fe7cd884377b, which no --schema file defines")) << out;
+  // A schema with a struct of the same name but another id: reported, not guessed around.
+  std::string other = ::testing::TempDir() + "/other_demo.capnp";
+  std::ofstream(other) << "@0xc1d2e3f405060708;\nstruct StatsRequest { sensor @0 :Text; }\n"
+                          "struct StatsReply { readings @0 :UInt64; }\n";
+  EXPECT_EQ(busctl({"--peer=" + agg_, "--schema=" + other, "call", "demo.stats", "{}"}, &out,
+                   /*schema=*/false),
+            3);
+  EXPECT_TRUE(has(out, "carries type 0x97f4fe7cd884377b, which no --schema file defines")) << out;
+  // An unreadable schema file.
+  EXPECT_EQ(busctl({"--peer=" + agg_, "--schema=/nonexistent.capnp", "peers"}, &out, false), 3);
+  EXPECT_TRUE(has(out, "cannot read schema /nonexistent.capnp")) << out;
+}
+
+}  // namespace
