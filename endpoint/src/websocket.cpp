@@ -258,28 +258,12 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
       if (ws_.got_text()) {
         auto root = json_msg.initRoot<capnp::JsonValue>();
         codec().decodeRaw(kj::ArrayPtr<const char>(data.data(), data.size()), root);
-        if (!root.isObject()) return bad({}, "a client frame is a JSON object");
-        for (auto field : root.asReader().getObject()) {
-          std::string_view name(field.getName().cStr(), field.getName().size());
-          auto v = field.getValue();
-          if (name == "op" && v.isString()) {
-            f.op = v.getString().cStr();
-          } else if (name == "channel" && v.isString()) {
-            f.channel = v.getString().cStr();
-          } else if (name == "id" && (v.isString() || v.isNumber())) {
-            kj::String s = codec().encodeRaw(v);
-            f.id.assign(s.cStr(), s.size());
-          } else if (name == "timeout_ms" && v.isNumber() && v.getNumber() >= 0) {
-            f.timeout_ms = static_cast<uint64_t>(v.getNumber());
-          } else if (name == "body") {
-            f.body.codec = &codec();
-            f.body.json = v;
-            f.has_body = true;
-          } else {
-            return bad(f.id,
-                       absl::StrCat("unexpected field '", av(name), "' (or of the wrong type)"));
-          }
+        if (root.isArray()) {  // several messages in one frame, in order (as SockJS sends)
+          for (auto v : root.asReader().getArray()) on_json(v);
+        } else {
+          on_json(root.asReader());
         }
+        return;
       } else {
         aligned = kj::heapArray<capnp::word>((data.size() + 7) / 8);
         std::memcpy(aligned.begin(), data.data(), data.size());
@@ -306,6 +290,34 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
       }
     } catch (const kj::Exception& e) {
       return bad({}, absl::StrCat("unreadable frame: ", e.getDescription().cStr()));
+    }
+    handle(f);
+  }
+
+  void on_json(capnp::JsonValue::Reader root) {
+    Frame f;
+    if (!root.isObject()) {
+      return bad({}, "a client message is a JSON object (or a frame an array of them)");
+    }
+    for (auto field : root.getObject()) {
+      std::string_view name(field.getName().cStr(), field.getName().size());
+      auto v = field.getValue();
+      if (name == "op" && v.isString()) {
+        f.op = v.getString().cStr();
+      } else if (name == "channel" && v.isString()) {
+        f.channel = v.getString().cStr();
+      } else if (name == "id" && (v.isString() || v.isNumber())) {
+        kj::String s = codec().encodeRaw(v);
+        f.id.assign(s.cStr(), s.size());
+      } else if (name == "timeout_ms" && v.isNumber() && v.getNumber() >= 0) {
+        f.timeout_ms = static_cast<uint64_t>(v.getNumber());
+      } else if (name == "body") {
+        f.body.codec = &codec();
+        f.body.json = v;
+        f.has_body = true;
+      } else {
+        return bad(f.id, absl::StrCat("unexpected field '", av(name), "' (or of the wrong type)"));
+      }
     }
     handle(f);
   }

@@ -22,7 +22,7 @@ inline const bus::Endpoint<GreetingRequest, Greeting> greet{"greeting", bus::Ove
 inline const bus::Endpoint<PingRequest, PingReply> ping{"myservice.ping", bus::Overflow::kFail};
 // Every greeting the HTTP front answers, published for whoever watches (the web page, over the
 // WebSocket bridge). Dropped rather than waited for when a subscriber's ring is full.
-inline const bus::Topic<Greeting> greeted{"greeting.greeted", bus::Overflow::kDrop};
+inline const bus::Topic<Greeting> greeted{"greeting.greeted", bus::Overflow::kDropNewest};
 
 /// The service: stateless here, but pinned to an executor like any bus service.
 struct GreetingService {

@@ -1,0 +1,282 @@
+// The greeting example's web page in a real browser: headless Chromium, driven through
+// chromedriver over the W3C WebDriver protocol (HTTP + JSON, spoken with curl), shows live the
+// greetings that GET /greeting/{name} publishes, and answers its own form over its WebSocket.
+// Needs Debian's chromium and chromium-driver (scripts/test.sh installs them).
+#include <capnp/compat/json.h>
+#include <capnp/message.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "integration/process.hpp"
+#include "support/test_support.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr char kChromium[] = "/usr/bin/chromium";
+constexpr char kChromedriver[] = "/usr/bin/chromedriver";
+// The key a WebDriver element reference is stored under (fixed by the W3C spec).
+constexpr char kElementKey[] = "element-6066-11e4-a52e-4f735466cecf";
+
+/// A JSON document parsed with Cap'n Proto's codec. The message is on the heap so that `root`
+/// stays valid when the document is moved.
+struct Json {
+  explicit Json(std::string_view text) {
+    auto b = message->initRoot<capnp::JsonValue>();
+    try {
+      capnp::JsonCodec().decodeRaw(kj::ArrayPtr<const char>(text.data(), text.size()), b);
+      root = b.asReader();
+      ok = true;
+    } catch (const kj::Exception&) {
+    }
+  }
+  std::unique_ptr<capnp::MallocMessageBuilder> message =
+      std::make_unique<capnp::MallocMessageBuilder>();
+  capnp::JsonValue::Reader root;
+  bool ok = false;
+};
+
+std::optional<capnp::JsonValue::Reader> member(capnp::JsonValue::Reader v, std::string_view name) {
+  if (!v.isObject()) return std::nullopt;
+  for (auto f : v.getObject()) {
+    if (std::string_view(f.getName().cStr(), f.getName().size()) == name) return f.getValue();
+  }
+  return std::nullopt;
+}
+
+std::string string_of(std::optional<capnp::JsonValue::Reader> v) {
+  return v && v->isString() ? std::string(v->getString().cStr()) : std::string();
+}
+
+/// `s` as a JSON string literal.
+std::string json_quoted(std::string_view s) {
+  capnp::MallocMessageBuilder b;
+  auto v = b.initRoot<capnp::JsonValue>();
+  v.setString(capnp::Text::Reader(s.data(), s.size()));
+  return capnp::JsonCodec().encodeRaw(v).cStr();
+}
+
+/// What a WebDriver command answered: its "value", or `error` when it failed.
+struct Answer {
+  Json json;
+  capnp::JsonValue::Reader value;
+  std::string error;  // empty: it succeeded
+};
+
+Answer webdriver(const std::string& method, const std::string& url, const std::string& body = "") {
+  std::vector<std::string> args = {"-X", method};
+  if (!body.empty()) {
+    args.insert(args.end(), {"-H", "Content-Type: application/json", "--data-raw", body});
+  }
+  args.push_back(url);
+  std::string out = integ::curl(args);
+  Answer a{Json(out), {}, {}};
+  auto value = a.json.ok ? member(a.json.root, "value") : std::nullopt;
+  if (!value) {
+    a.error = method + " " + url + ": no WebDriver answer: '" + out + "'";
+    return a;
+  }
+  a.value = *value;
+  if (auto e = member(a.value, "error")) {
+    a.error =
+        method + " " + url + ": " + string_of(e) + ": " + string_of(member(a.value, "message"));
+  }
+  return a;
+}
+
+/// Waits (bounded) until `done()` holds, asking every 25 ms: each try is a browser round trip.
+template <class F>
+bool poll(F done) {
+  return bus_test::eventually([&] {
+    if (done()) return true;
+    std::this_thread::sleep_for(25ms);
+    return false;
+  });
+}
+
+/// chromedriver on a port it picks itself (--port=0: no race for a free port; it prints the
+/// one it took). It runs in a session of its own (setsid) so that a browser it leaves behind
+/// (it orphans them when killed) is killed with its process group.
+class Chromedriver {
+ public:
+  Chromedriver() : process_({"setsid", kChromedriver, "--port=0"}) {
+    // "ChromeDriver was started successfully on port 34657."; it exits when it cannot bind.
+    constexpr std::string_view kStarted = "started successfully on port ";
+    while (auto line = process_.read_line(30s)) {
+      if (auto at = line->find(kStarted); at != std::string::npos) {
+        std::string port = line->substr(at + kStarted.size());
+        port = port.substr(0, port.find_first_not_of("0123456789"));
+        if (!port.empty()) url_ = "http://127.0.0.1:" + port;
+        break;
+      }
+    }
+  }
+  Chromedriver(const Chromedriver&) = delete;
+  Chromedriver& operator=(const Chromedriver&) = delete;
+  ~Chromedriver() { stop(); }
+
+  /// Its base URL; empty when it did not start.
+  const std::string& url() const { return url_; }
+  /// Whether it takes new sessions (GET /status).
+  bool ready() const {
+    if (url_.empty()) return false;
+    Answer a = webdriver("GET", url_ + "/status");
+    auto r = member(a.value, "ready");
+    return r && r->isBoolean() && r->getBoolean();
+  }
+
+  /// Quits it and its browsers; true when it exited by itself. Idempotent.
+  bool stop() {
+    pid_t group = process_.pid();
+    if (group <= 0) return true;
+    // chromedriver's own command (not W3C): closes every session's browser, then exits.
+    if (!url_.empty()) integ::curl({url_ + "/shutdown"});
+    int status = process_.wait(30s);  // SIGKILL when it does not exit
+    ::kill(-group, SIGKILL);          // what it left behind (nothing, when it exited cleanly)
+    return status != -1 && WIFEXITED(status);
+  }
+
+ private:
+  integ::Child process_;
+  std::string url_;
+};
+
+/// One browser session of a chromedriver: each method is a WebDriver command.
+class Browser {
+ public:
+  explicit Browser(std::string driver) : driver_(std::move(driver)) {}
+  Browser(const Browser&) = delete;
+  Browser& operator=(const Browser&) = delete;
+  ~Browser() { (void)quit(); }
+
+  /// Starts headless Chromium; the error, or empty.
+  std::string start() {
+    Answer a = webdriver("POST", driver_ + "/session",
+                         R"({"capabilities":{"alwaysMatch":{
+        "browserName":"chrome",
+        "goog:chromeOptions":{"binary":")" +
+                             std::string(kChromium) + R"(","args":[
+          "--headless=new","--no-sandbox","--disable-gpu","--disable-dev-shm-usage"]}}}})");
+    if (!a.error.empty()) return a.error;
+    session_ = string_of(member(a.value, "sessionId"));
+    return session_.empty() ? "no sessionId in the answer" : "";
+  }
+  /// Closes the browser; the error, or empty. Idempotent.
+  std::string quit() {
+    if (session_.empty()) return {};
+    Answer a = webdriver("DELETE", url());
+    session_.clear();
+    return a.error;
+  }
+
+  std::string go(const std::string& page) {
+    return webdriver("POST", url() + "/url", R"({"url":)" + json_quoted(page) + "}").error;
+  }
+  /// Runs `script` (a function body; `arguments[0]` is `arg`) in the page.
+  Answer run(const std::string& script, const std::string& arg = "") {
+    return webdriver(
+        "POST", url() + "/execute/sync",
+        R"({"script":)" + json_quoted(script) + R"(,"args":[)" + json_quoted(arg) + "]}");
+  }
+  /// The text of the element `css` selects; nothing when there is none (or on error).
+  std::optional<std::string> text(const std::string& css) {
+    Answer a =
+        run("const e = document.querySelector(arguments[0]); return e && e.textContent;", css);
+    if (!a.error.empty() || !a.value.isString()) return std::nullopt;
+    return std::string(a.value.getString().cStr());
+  }
+  /// The texts of the elements `css` selects, in document order.
+  std::vector<std::string> texts(const std::string& css) {
+    Answer a = run(
+        "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent);", css);
+    std::vector<std::string> out;
+    if (a.error.empty() && a.value.isArray()) {
+      for (auto v : a.value.getArray()) out.push_back(string_of(v));
+    }
+    return out;
+  }
+  /// Types `keys` into the element `css` selects, as a user would; the error, or empty.
+  std::string type(const std::string& css, const std::string& keys) {
+    std::string e = element(css);
+    if (e.empty()) return "no element " + css;
+    return webdriver("POST", url() + "/element/" + e + "/value",
+                     R"({"text":)" + json_quoted(keys) + "}")
+        .error;
+  }
+  std::string click(const std::string& css) {
+    std::string e = element(css);
+    if (e.empty()) return "no element " + css;
+    return webdriver("POST", url() + "/element/" + e + "/click", "{}").error;
+  }
+
+ private:
+  std::string url() const { return driver_ + "/session/" + session_; }
+  std::string element(const std::string& css) {
+    Answer a = webdriver("POST", url() + "/element",
+                         R"({"using":"css selector","value":)" + json_quoted(css) + "}");
+    return a.error.empty() ? string_of(member(a.value, kElementKey)) : std::string();
+  }
+
+  std::string driver_;
+  std::string session_;
+};
+
+}  // namespace
+
+TEST(GreetingWebPage, ShowsPublishedGreetingsLiveAndAnswersItsForm) {
+  // CI installs them (scripts/test.sh): missing is a broken setup, not a reason to skip.
+  ASSERT_EQ(::access(kChromium, X_OK), 0)
+      << kChromium << " is missing: bash scripts/deps.sh chromium chromium-driver";
+  ASSERT_EQ(::access(kChromedriver, X_OK), 0)
+      << kChromedriver << " is missing: bash scripts/deps.sh chromium chromium-driver";
+
+  integ::Child server({GREETING_SERVER, "--port=0"});
+  std::string base = integ::printed_base_url(server, "/greeting");
+  ASSERT_FALSE(base.empty()) << "greeting_server printed no URL";
+
+  Chromedriver driver;
+  ASSERT_FALSE(driver.url().empty()) << "chromedriver did not start (its log is above)";
+  ASSERT_TRUE(poll([&] { return driver.ready(); })) << "chromedriver never said ready";
+  Browser browser(driver.url());
+  std::string error = browser.start();
+  ASSERT_EQ(error, "") << "no Chromium session";
+
+  // The page subscribes as soon as its socket opens; publish only once the server said so.
+  ASSERT_EQ(browser.go(base + "/"), "");
+  std::optional<std::string> status;
+  ASSERT_TRUE(poll([&] { return (status = browser.text("#status")) == "subscribed"; }))
+      << "#status: " << status.value_or("(no #status)");
+
+  for (std::string name : {"Ada", "Grace", "Linus"}) {
+    ASSERT_EQ(integ::curl({base + "/greeting/" + name}), "Hello " + name);
+  }
+  std::vector<std::string> shown;
+  ASSERT_TRUE(poll([&] { return (shown = browser.texts("#greetings li")).size() >= 3; }))
+      << shown.size() << " greetings shown";
+  EXPECT_EQ(shown, (std::vector<std::string>{"Hello Ada", "Hello Grace", "Hello Linus"}));
+
+  // The form calls the endpoint over the same socket; the page clears #reply until it answers.
+  ASSERT_EQ(browser.type("#name", "Margaret"), "");
+  ASSERT_EQ(browser.click("#greet"), "");
+  std::optional<std::string> reply;
+  ASSERT_TRUE(poll([&] { return !(reply = browser.text("#reply")).value_or("").empty(); }))
+      << "#reply stayed empty";
+  EXPECT_EQ(*reply, "Hello Margaret");
+
+  EXPECT_EQ(browser.quit(), "");
+  EXPECT_TRUE(driver.stop()) << "chromedriver did not exit by itself";
+  ::kill(server.pid(), SIGTERM);
+  int exit = server.wait(30s);
+  ASSERT_TRUE(WIFEXITED(exit));
+  EXPECT_EQ(WEXITSTATUS(exit), 0);
+}
