@@ -25,6 +25,7 @@
 #include <capnp/schema-parser.h>
 #include <capnp/serialize.h>
 #include <kj/filesystem.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <bus/net/node.hpp>
@@ -86,6 +87,10 @@ class Schemas {
   /// Parses every file; an error names the file and what is wrong.
   std::optional<std::string> load(const std::vector<std::string>& files,
                                   const std::vector<std::string>& import_path) {
+    // KJ takes the current directory from $PWD and warns on stdout when it is stale (a parent
+    // that changed directory without updating it): give it the real one.
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof cwd) != nullptr) ::setenv("PWD", cwd, 1);
     fs_ = kj::newDiskFilesystem();
     for (const std::string& dir : import_path) {
       kj::Path p = fs_->getCurrentPath().eval(dir);
