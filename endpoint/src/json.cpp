@@ -9,9 +9,6 @@
 #include <stdexcept>
 
 namespace bus::http::detail {
-namespace {
-
-/// One codec per thread: construction allocates, and encode/decode keep no state between calls.
 capnp::JsonCodec& codec() {
   thread_local capnp::JsonCodec c;
   thread_local bool configured = false;
@@ -22,6 +19,8 @@ capnp::JsonCodec& codec() {
   }
   return c;
 }
+
+namespace {
 
 // Debian's Abseil has its own string_view type.
 absl::string_view av(std::string_view s) { return {s.data(), s.size()}; }

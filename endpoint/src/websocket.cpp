@@ -18,6 +18,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/websocket.hpp>
 
+#include "bus/http/json.hpp"
 #include "bus/schemas/websocket.capnp.h"
 #include "io.hpp"
 
@@ -65,17 +66,6 @@ constexpr std::string_view kBinaryProtocol = "bus.capnp";
 constexpr std::size_t kMaxWriteBytes = 64 * 1024;
 
 absl::string_view av(std::string_view s) { return {s.data(), s.size()}; }
-
-capnp::JsonCodec& codec() {
-  thread_local capnp::JsonCodec c;
-  thread_local bool configured = false;
-  if (!configured) {
-    c.setRejectUnknownFields(true);
-    c.setMaxNestingDepth(64);
-    configured = true;
-  }
-  return c;
-}
 
 std::string json_string(std::string_view s) {
   capnp::MallocMessageBuilder b(16);
@@ -165,8 +155,16 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
     if (out_bytes_ + bytes->size() > max && droppable) {
       if (bridge_.options().slow_client() == SlowClient::kClose) {
         bump(io_.ws.closed_slow);
-        return close(websocket::close_code::policy_error,
-                     "outbound buffer full: reading too slowly");
+        // Closed after the topic's delivery loop (which called us) ends: closing leaves the
+        // topic, and the loop must not see its list change under it.
+        closed_ = true;
+        asio::post(ws_.get_executor(), [self = shared_from_this()] {
+          if (!beast::get_lowest_layer(self->ws_).socket().is_open()) return;  // dropped since
+          self->closed_ = false;
+          self->close(websocket::close_code::policy_error,
+                      "outbound buffer full: reading too slowly");
+        });
+        return;
       }
       // Drop the oldest topic messages until this one fits (replies and notices stay).
       for (auto it = out_.begin(); it != out_.end() && out_bytes_ + bytes->size() > max;) {
@@ -407,9 +405,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
       std::string name = ch.name;
       topic->sub = ch.subscribe(io_.inbox(), [t, name](const WsMessage& m) {
         std::shared_ptr<const std::string> json, binary;
-        // Copy: a push may close a session, which leaves the topic.
-        std::vector<WsSession*> to = t->sessions;
-        for (WsSession* s : to) {
+        for (WsSession* s : t->sessions) {  // push() never changes the list (see kClose)
           auto& frame = s->binary() ? binary : json;
           if (!frame) frame = s->binary() ? encode_msg_binary(name, m) : encode_msg_json(*t, m);
           s->push(frame, true);

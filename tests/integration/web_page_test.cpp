@@ -94,16 +94,6 @@ Answer webdriver(const std::string& method, const std::string& url, const std::s
   return a;
 }
 
-/// Waits (bounded) until `done()` holds, asking every 25 ms: each try is a browser round trip.
-template <class F>
-bool poll(F done) {
-  return bus_test::eventually([&] {
-    if (done()) return true;
-    std::this_thread::sleep_for(25ms);
-    return false;
-  });
-}
-
 /// chromedriver on a port it picks itself (--port=0: no race for a free port; it prints the
 /// one it took). It runs in a session of its own (setsid) so that a browser it leaves behind
 /// (it orphans them when killed) is killed with its process group.
@@ -246,7 +236,8 @@ TEST(GreetingWebPage, ShowsPublishedGreetingsLiveAndAnswersItsForm) {
 
   Chromedriver driver;
   ASSERT_FALSE(driver.url().empty()) << "chromedriver did not start (its log is above)";
-  ASSERT_TRUE(poll([&] { return driver.ready(); })) << "chromedriver never said ready";
+  ASSERT_TRUE(bus_test::eventually([&] { return driver.ready(); }))
+      << "chromedriver never said ready";
   Browser browser(driver.url());
   std::string error = browser.start();
   ASSERT_EQ(error, "") << "no Chromium session";
@@ -254,23 +245,28 @@ TEST(GreetingWebPage, ShowsPublishedGreetingsLiveAndAnswersItsForm) {
   // The page subscribes as soon as its socket opens; publish only once the server said so.
   ASSERT_EQ(browser.go(base + "/"), "");
   std::optional<std::string> status;
-  ASSERT_TRUE(poll([&] { return (status = browser.text("#status")) == "subscribed"; }))
-      << "#status: " << status.value_or("(no #status)");
+  ASSERT_TRUE(bus_test::eventually([&] {
+    return (status = browser.text("#status")) == "subscribed";
+  })) << "#status: "
+      << status.value_or("(no #status)");
 
   for (std::string name : {"Ada", "Grace", "Linus"}) {
     ASSERT_EQ(integ::curl({base + "/greeting/" + name}), "Hello " + name);
   }
   std::vector<std::string> shown;
-  ASSERT_TRUE(poll([&] { return (shown = browser.texts("#greetings li")).size() >= 3; }))
-      << shown.size() << " greetings shown";
+  ASSERT_TRUE(bus_test::eventually([&] {
+    return (shown = browser.texts("#greetings li")).size() >= 3;
+  })) << shown.size()
+      << " greetings shown";
   EXPECT_EQ(shown, (std::vector<std::string>{"Hello Ada", "Hello Grace", "Hello Linus"}));
 
   // The form calls the endpoint over the same socket; the page clears #reply until it answers.
   ASSERT_EQ(browser.type("#name", "Margaret"), "");
   ASSERT_EQ(browser.click("#greet"), "");
   std::optional<std::string> reply;
-  ASSERT_TRUE(poll([&] { return !(reply = browser.text("#reply")).value_or("").empty(); }))
-      << "#reply stayed empty";
+  ASSERT_TRUE(bus_test::eventually([&] {
+    return !(reply = browser.text("#reply")).value_or("").empty();
+  })) << "#reply stayed empty";
   EXPECT_EQ(*reply, "Hello Margaret");
 
   EXPECT_EQ(browser.quit(), "");

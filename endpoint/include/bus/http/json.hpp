@@ -3,6 +3,7 @@
 #pragma once
 
 #include <absl/status/statusor.h>
+#include <capnp/compat/json.h>
 #include <capnp/dynamic.h>
 #include <capnp/schema.h>
 
@@ -16,6 +17,9 @@
 namespace bus::http {
 
 namespace detail {
+/// This thread's JSON codec, as every JSON conversion of the endpoint uses it: unknown fields
+/// are errors, nesting stops at 64 levels. Construction allocates, so there is one per thread.
+capnp::JsonCodec& codec();
 /// Fills `out` from the request: the body (a JSON object; none is `{}`), then path parameters,
 /// then query parameters that name a field (others are ignored). A parameter overrides a body
 /// field of the same name. Unknown body fields, wrong JSON types and nesting past 64 levels are
