@@ -351,6 +351,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
                       absl::StrCat("publishing to '", f.channel, "' is not permitted"));
       }
       if (!f.has_body) return bad(f.id, "pub needs a body");
+      io_.batch_round();  // this round's publishes go to the executors together
       absl::Status st = ch->publish(io_.server.bus, f.body);
       if (st.code() == absl::StatusCode::kInvalidArgument)
         return bad(f.id, std::string(st.message()));

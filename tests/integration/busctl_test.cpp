@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "integration/process.hpp"
+#include "support/test_support.hpp"
 
 namespace {
 
@@ -107,7 +108,14 @@ TEST_F(Busctl, PubReachesTheNodesThatSubscribe) {
 
 TEST_F(Busctl, StatsPrintsANodesCounters) {
   std::string out;
-  ASSERT_EQ(busctl({"--peer=" + agg_, "stats", "aggregator"}, &out), 0) << out;
+  // The per-channel node counters appear once the aggregator has received a reading (the demo
+  // processes have just started): ask until it has.
+  int code = -1;
+  ASSERT_TRUE(bus_test::eventually([&] {
+    code = busctl({"--peer=" + agg_, "stats", "aggregator"}, &out);
+    return code != 0 || has(out, "\n  node.channel.demo.readings.received ");
+  })) << out;
+  ASSERT_EQ(code, 0) << out;
   EXPECT_EQ(out.rfind("aggregator (id ", 0), 0u) << out;
   EXPECT_TRUE(has(out, "\n  channel.demo.readings.delivered ")) << out;
   EXPECT_TRUE(has(out, "\n  node.channel.demo.readings.received ")) << out;
