@@ -133,6 +133,8 @@ struct Server::Impl {
 
   void serve_health(const Request& req, Responder respond);
   Reply serve_metrics() const;
+  /// The WebSocket bridge's counters, summed over the I/O threads.
+  WebSocketStats websocket_stats() const;
 };
 
 namespace detail {

@@ -239,9 +239,51 @@ void node_metrics(const net::NodeStats& n, Writer& w) {
 
 }  // namespace
 
+namespace {
+/// The WebSocket bridge's figures: one list for both formats (Prometheus names get a bus_ws_
+/// prefix and a _total on counters; StatsD names a ws. prefix).
+struct WsFigure {
+  const char* name;
+  bool gauge;
+  uint64_t WebSocketStats::*field;
+  const char* help;
+};
+constexpr WsFigure kWsFigures[] = {
+    {"connections_open", true, &WebSocketStats::connections_open, "Open WebSocket connections."},
+    {"connections_accepted", false, &WebSocketStats::connections_accepted,
+     "WebSocket connections accepted (upgraded)."},
+    {"frames_in", false, &WebSocketStats::frames_in, "Client WebSocket messages read."},
+    {"messages_out", false, &WebSocketStats::messages_out,
+     "Messages queued for WebSocket clients (msg, reply, error, notices)."},
+    {"frames_out", false, &WebSocketStats::frames_out,
+     "WebSocket messages written (each carries one or more messages)."},
+    {"refused", false, &WebSocketStats::refused,
+     "Client messages refused: not permitted, or not a channel of the bridge."},
+    {"bad_frames", false, &WebSocketStats::bad_frames,
+     "Client messages that were not understood (bad JSON, unknown op, body not of the type)."},
+    {"dropped", false, &WebSocketStats::dropped,
+     "Topic messages dropped for slow clients (SlowClient::kDropOldest)."},
+    {"closed_slow", false, &WebSocketStats::closed_slow,
+     "Connections closed because their outbound buffer was full (SlowClient::kClose)."},
+    {"published", false, &WebSocketStats::published, "Client publishes accepted."},
+    {"calls", false, &WebSocketStats::calls, "Client calls made."},
+    {"queued_bytes", true, &WebSocketStats::queued_bytes,
+     "Bytes waiting in WebSocket outbound buffers."},
+};
+
+void websocket_metrics(const WebSocketStats& s, Writer& w) {
+  for (const WsFigure& f : kWsFigures) {
+    std::string name = absl::StrCat("bus_ws_", f.name, f.gauge ? "" : "_total");
+    w.family(name, f.gauge ? "gauge" : "counter", f.help);
+    w.sample(name, "", s.*f.field);
+  }
+}
+}  // namespace
+
 std::string render_metrics(const MetricsView& v) {
   Writer w;
   http_metrics(v, w);
+  if (v.websocket) websocket_metrics(*v.websocket, w);
   bus_metrics(v.bus, w);
   if (v.node) node_metrics(*v.node, w);
   return w.take();
@@ -278,6 +320,17 @@ void statsd_metrics(const MetricsView& v, StatsdSink& out) {
               total([](const IoCounters& c) -> auto& { return c.bad_requests; }));
   out.gauge("http.requests.waiting",
             static_cast<double>(total([](const IoCounters& c) -> auto& { return c.waiting; })));
+  if (v.websocket) {
+    for (const WsFigure& f : kWsFigures) {
+      std::string name = absl::StrCat("ws.", f.name);
+      uint64_t n = (*v.websocket).*f.field;
+      if (f.gauge) {
+        out.gauge(name, static_cast<double>(n));
+      } else {
+        out.counter(name, n);
+      }
+    }
+  }
   const auto& routes = *v.routes;
   for (std::size_t r = 0; r < routes.size(); ++r) {
     std::string name = statsd_name(statsd_route(routes[r]));

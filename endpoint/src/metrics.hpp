@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bus/http/websocket.hpp"
 #include "bus/net/stats.hpp"
 #include "bus/stats.hpp"
 #include "bus/statsd.hpp"
@@ -60,6 +61,7 @@ struct MetricsView {
   uint64_t connections_open = 0;
   Stats bus;
   std::optional<net::NodeStats> node;
+  std::optional<WebSocketStats> websocket;  // when the server has a WebSocket bridge
 };
 
 /// The Prometheus text format (version 0.0.4).

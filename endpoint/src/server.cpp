@@ -260,6 +260,7 @@ StatsdSource Server::statsd_source() const {
       v.io.push_back(&t->io);
     }
     v.connections_open = impl->open.load(std::memory_order_relaxed);
+    if (impl->websocket) v.websocket = impl->websocket_stats();
     detail::statsd_metrics(v, out);
   };
 }
@@ -274,6 +275,7 @@ Reply Server::Impl::serve_metrics() const {
   v.connections_open = open.load(std::memory_order_relaxed);
   v.bus = bus.stats();
   if (options.node() != nullptr) v.node = options.node()->stats();
+  if (websocket) v.websocket = websocket_stats();
   Reply r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   r.body = detail::render_metrics(v);

@@ -603,9 +603,11 @@ void close_websockets(IoThread& io, bool now) {
 
 }  // namespace detail
 
-WebSocketStats Server::websocket_stats() const {
+WebSocketStats Server::websocket_stats() const { return impl_->websocket_stats(); }
+
+WebSocketStats Server::Impl::websocket_stats() const {
   WebSocketStats s;
-  for (const auto& t : impl_->threads) {
+  for (const auto& t : threads) {
     const detail::WsCounters& c = t->ws;
     auto get = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
     s.connections_open += get(c.open);

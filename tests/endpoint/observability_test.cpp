@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bus/http/websocket.hpp>
 #include <bus/net/node.hpp>
+#include <bus/statsd.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +13,8 @@
 #include <string>
 
 #include "endpoint/common.hpp"
+#include "endpoint/ws_client.hpp"
+#include "support/udp_listener.hpp"
 
 using namespace endpoint_test_support;
 using namespace std::chrono_literals;
@@ -223,6 +227,55 @@ TEST(Metrics, CountRequestsByRouteAndCodeWithLatencyAndBusCounters) {
   EXPECT_TRUE(contains(t, "\nbus_inbox_depth_bytes{inbox=\"0\",kind=\"executor\"}")) << t;
 
   expect_promtool_accepts(t);
+}
+
+const bus::Topic<Tagged> ws_news{"test.ws.metrics"};
+
+TEST(Metrics, WebSocketBridgeCountersAreExposed) {
+  Services services;
+  Server http(services.bus);
+  http.websocket().topic(ws_news).permit(bus::http::Permit::kSubscribe, "test.ws.metrics");
+  http.start();
+  ws_test::Client c(http.port());
+  c.send_text(R"({"op":"sub","channel":"test.ws.metrics"})");
+  ASSERT_TRUE(c.next_json()) << c.error();  // subscribed
+  c.send_text(R"({"op":"pub","channel":"test.ws.metrics","body":{"tag":"x"}})");
+  ASSERT_TRUE(c.next_json()) << c.error();  // forbidden: publishing is not permitted
+  c.send_text("not json");
+  ASSERT_TRUE(c.next_json()) << c.error();  // an error frame
+
+  auto m = get(http.port(), "/metrics");
+  ASSERT_EQ(m.status, 200u) << describe(m);
+  const std::string& t = m.body;
+  bus::http::WebSocketStats s = http.websocket_stats();
+  EXPECT_EQ(metric(t, "bus_ws_connections_open"), 1) << t;
+  EXPECT_EQ(metric(t, "bus_ws_connections_accepted_total"), 1) << t;
+  EXPECT_EQ(metric(t, "bus_ws_frames_in_total"), 3) << t;
+  EXPECT_EQ(metric(t, "bus_ws_refused_total"), 1) << t;
+  EXPECT_EQ(metric(t, "bus_ws_bad_frames_total"), 1) << t;
+  EXPECT_EQ(metric(t, "bus_ws_messages_out_total"), 3) << t;
+  EXPECT_EQ(metric(t, "bus_ws_messages_out_total"), static_cast<double>(s.messages_out)) << t;
+  EXPECT_EQ(metric(t, "bus_ws_dropped_total"), 0) << t;
+  EXPECT_TRUE(contains(t, "# TYPE bus_ws_queued_bytes gauge\n")) << t;
+  expect_promtool_accepts(t);
+
+  // The same figures go to StatsD.
+  bus_test::UdpListener udp;
+  ASSERT_TRUE(udp.bound());
+  bus::StatsdExporter statsd(services.bus,
+                             bus::StatsdOptions().address(udp.address()).interval(1h));
+  statsd.add_source(http.statsd_source());
+  statsd.push();
+  std::string text;
+  for (const std::string& datagram : udp.take()) text += datagram + "\n";
+  EXPECT_TRUE(contains(text, "bus.ws.refused:1|c")) << text;
+  EXPECT_TRUE(contains(text, "bus.ws.bad_frames:1|c")) << text;
+  EXPECT_TRUE(contains(text, "bus.ws.connections_open:1|g")) << text;
+
+  // A server without a bridge shows none of them.
+  Server plain(services.bus);
+  plain.start();
+  EXPECT_FALSE(contains(get(plain.port(), "/metrics").body, "bus_ws_"));
 }
 
 TEST(Metrics, EmptyServerPassesPromtool) {
