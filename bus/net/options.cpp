@@ -18,16 +18,25 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
   for (absl::string_view line :
        absl::StrSplit(absl::string_view(config.data(), config.size()), '\n')) {
     ++line_no;
-    if (auto hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
     line = absl::StripAsciiWhitespace(line);
-    if (line.empty()) continue;
+    if (line.empty() || line.front() == '#') continue;
     auto eq = line.find('=');
     auto fail = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat("node config line ", line_no, ": ", why));
     };
     if (eq == absl::string_view::npos) return fail("expected `key = value`");
     std::string key(absl::StripAsciiWhitespace(line.substr(0, eq)));
-    std::string value(absl::StripAsciiWhitespace(line.substr(eq + 1)));
+    absl::string_view rest = absl::StripAsciiWhitespace(line.substr(eq + 1));
+    // After the value, a comment starts at a '#' that follows a blank. Z85 keys hold '#' (even
+    // first), so one inside or at the start of the value is kept.
+    for (std::size_t hash = rest.find('#', 1); hash != absl::string_view::npos;
+         hash = rest.find('#', hash + 1)) {
+      if (rest[hash - 1] == ' ' || rest[hash - 1] == '\t') {
+        rest = absl::StripTrailingAsciiWhitespace(rest.substr(0, hash));
+        break;
+      }
+    }
+    std::string value(rest);
     auto number = [&](uint64_t& out) {
       return absl::SimpleAtoi(value, &out)
                  ? absl::OkStatus()

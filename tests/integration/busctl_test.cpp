@@ -1,6 +1,6 @@
 // busctl against the multi-process demo (producer -> aggregator <- monitor), each a real
 // process on loopback TCP: every command, its output and its exit code, and the errors that
-// say what to do.
+// say what to do. And busctl on a CURVE-secured bus, with its key pair in a --config file.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "integration/node_process.hpp"
 #include "integration/process.hpp"
 #include "support/test_support.hpp"
 
@@ -162,6 +163,84 @@ TEST_F(Busctl, ErrorsSayWhatToDoWithDistinctExitCodes) {
   // An unreadable schema file.
   EXPECT_EQ(busctl({"--peer=" + agg_, "--schema=/nonexistent.capnp", "peers"}, &out, false), 3);
   EXPECT_TRUE(has(out, "cannot read schema /nonexistent.capnp")) << out;
+}
+
+struct Keys {
+  std::string public_key, secret_key;
+};
+
+/// A key pair from `busctl keygen` (config lines `curve_public = K`, `curve_secret = K`).
+Keys keygen() {
+  std::string out;
+  EXPECT_EQ(integ::run_command({BUSCTL, "keygen"}, &out), 0) << out;
+  Keys k;
+  std::size_t at = 0;
+  while (at < out.size()) {
+    std::size_t end = out.find('\n', at);
+    if (end == std::string::npos) end = out.size();
+    std::string line = out.substr(at, end - at);
+    at = end + 1;
+    if (line.rfind("curve_public = ", 0) == 0) k.public_key = line.substr(15);
+    if (line.rfind("curve_secret = ", 0) == 0) k.secret_key = line.substr(15);
+  }
+  EXPECT_EQ(k.public_key.size(), 40u) << out;
+  EXPECT_EQ(k.secret_key.size(), 40u) << out;
+  return k;
+}
+
+/// A busctl --config file: one peer (with its public key) and busctl's key pair.
+std::string write_config(const std::string& file, const std::string& peer,
+                         const std::string& peer_key, const Keys& mine) {
+  std::string path = ::testing::TempDir() + "/" + file;
+  std::ofstream(path) << "# busctl on a secured bus\npeer = " << peer << " " << peer_key
+                      << "\ncurve_public = " << mine.public_key
+                      << "\ncurve_secret = " << mine.secret_key << "\n";
+  return path;
+}
+
+TEST(BusctlCurve, JoinsASecuredBusWithAnAllowedKeyAndIsTurnedAwayWithout) {
+  auto has = [](const std::string& s, const std::string& part) {
+    return s.find(part) != std::string::npos;
+  };
+  Keys node = keygen(), mine = keygen(), stranger = keygen();
+  ASSERT_NE(mine.public_key, stranger.public_key);
+  integ::NodeProcess server({"--name=server", "--publish-on=tcp://127.0.0.1:*",
+                             "--requests-on=tcp://127.0.0.1:*", "--curve-public=" + node.public_key,
+                             "--curve-secret=" + node.secret_key, "--allow=" + mine.public_key,
+                             "--serve"});
+  ASSERT_TRUE(server.ready());
+  std::string good =
+      write_config("busctl-allowed.conf", server.publish_endpoint(), node.public_key, mine);
+  std::string bad =
+      write_config("busctl-stranger.conf", server.publish_endpoint(), node.public_key, stranger);
+  auto busctl = [&](std::vector<std::string> args, std::string* out) {
+    std::vector<std::string> argv = {BUSCTL, "--schema=" + std::string(DEMO_SCHEMA)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    out->clear();
+    return integ::run_command(argv, out);
+  };
+
+  // Its key is allowed: it hears the node, and its call is answered over CURVE.
+  std::string out;
+  ASSERT_EQ(busctl({"--config=" + good, "--wait=20s", "call", "integ.stats", "{}"}, &out), 0)
+      << out;
+  EXPECT_TRUE(has(out, R"("sensor":"server")")) << out;
+  ASSERT_EQ(busctl({"--config=" + good, "--wait=20s", "peers"}, &out), 0) << out;
+  EXPECT_EQ(out.rfind("server  id=", 0), 0u) << out;
+  EXPECT_TRUE(has(out, "serves  endpoint integ.stats")) << out;
+
+  // A key the node does not allow: nothing gets through, and the error says what to check.
+  EXPECT_EQ(busctl({"--config=" + bad, "--wait=1s", "peers"}, &out), 2) << out;
+  EXPECT_TRUE(has(out, "does the node allow busctl's public key")) << out;
+  EXPECT_TRUE(bus_test::eventually([&] { return server.report().num("auth_denied") > 0; }));
+
+  // With keys, a --peer without one cannot be used.
+  EXPECT_EQ(busctl({"--config=" + good, "--peer=tcp://127.0.0.1:1", "peers"}, &out), 1) << out;
+  EXPECT_TRUE(has(out, "every peer needs its public key")) << out;
+  // A config file that is not there.
+  EXPECT_EQ(busctl({"--config=/nonexistent.conf", "peers"}, &out), 1) << out;
+  EXPECT_TRUE(has(out, "/nonexistent.conf")) << out;
+  EXPECT_TRUE(server.quit());
 }
 
 }  // namespace

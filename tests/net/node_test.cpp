@@ -394,6 +394,23 @@ TEST(NodeOptions, ParsesASmallConfig) {
   EXPECT_FALSE(o->secure());
 }
 
+TEST(NodeOptions, KeysKeepTheirHashSignsAndCommentsStillEndLines) {
+  // Z85 (CURVE keys in text) has '#' in its alphabet: only a '#' after a blank starts a comment.
+  std::string pub = "ojCYLeL7vfLPw]#d.wgS9KEt4c>QfqMrrOIpn?eJ";
+  std::string sec = "#1cyxiMsiSf)QDgb-Ui{yA7njnvD0g.!dq=<0nYn<";
+  std::string peer = "a#Z85key.wgS9KEt4c>QfqMrrOIpn?eJojCYLeL7v";
+  auto o = NodeOptions::parse("publish = tcp://*:1  # ours\ncurve_public = " + pub +
+                              "\ncurve_secret = " + sec + "\t# secret\npeer = tcp://h:2 " + peer +
+                              " # a peer\nallow = " + peer + "\n# allow = nobody\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->publish_on(), "tcp://*:1");
+  EXPECT_EQ(o->curve_keys().public_key, pub);
+  EXPECT_EQ(o->curve_keys().secret_key, sec);
+  ASSERT_EQ(o->peers().size(), 1u);
+  EXPECT_EQ(o->peers()[0].public_key, peer);
+  EXPECT_EQ(o->allow(), std::vector<std::string>{peer});
+}
+
 TEST(NodeOptions, ConfigErrorsNameTheLine) {
   auto bad = NodeOptions::parse("publish = tcp://*:1\nheartbeat_ms = soon\n");
   ASSERT_FALSE(bad.ok());

@@ -27,13 +27,16 @@
 #include <kj/filesystem.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <bus/net/node.hpp>
 #include <condition_variable>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +44,11 @@
 ABSL_FLAG(std::vector<std::string>, peer, {},
           "publish endpoints of the nodes to join through (tcp://host:port, ipc://path); "
           "comma-separated or repeated. Required.");
+ABSL_FLAG(std::string, config, "",
+          "a node config file (bus::net::NodeOptions::load syntax) for a secured bus: its "
+          "`peer = ENDPOINT PUBLIC-KEY` lines, `curve_public`/`curve_secret` (busctl's own key "
+          "pair: `busctl keygen` makes one; the nodes must allow its public key), heartbeat and "
+          "limits. Its name and endpoints are not used: busctl binds 127.0.0.1 only.");
 ABSL_FLAG(std::vector<std::string>, schema, {},
           ".capnp files that define the message types (comma-separated or repeated)");
 ABSL_FLAG(std::vector<std::string>, import_path, {"/usr/include"},
@@ -59,6 +67,7 @@ enum Exit { kOk = 0, kUsage = 1, kUnreachable = 2, kSchema = 3, kCallFailed = 4,
 constexpr const char* kUsageText = R"(talks to a live bus.
 
 usage: busctl --peer tcp://HOST:PORT [--schema FILE.capnp] COMMAND [ARGS]
+       busctl --config node.conf [--schema FILE.capnp] COMMAND [ARGS]   (a CURVE-secured bus)
 
 commands:
   pub CHANNEL 'JSON'    publish one message to every node that subscribes to CHANNEL
@@ -67,6 +76,7 @@ commands:
   peers                 live nodes: what they serve and import, their last heartbeat
   stats [NODE]          the counters of every live node (or of NODE: a name or an id)
   tap                   every topic message this node can see, one line each
+  keygen                a fresh CURVE key pair, as curve_public/curve_secret lines for --config
 
 Message types come from --schema files, matched by schema id with what the nodes announce.
 exit codes: 0 ok, 1 usage, 2 no peer / nobody serves the channel, 3 schema or JSON error,
@@ -188,12 +198,12 @@ std::string kind_name(bus::net::ChannelInfo::Kind k) {
 
 class Tool {
  public:
-  Tool(std::vector<std::string> peers) {
-    auto o =
-        bus::net::NodeOptions().name(absl::GetFlag(FLAGS_name)).publish_on("tcp://127.0.0.1:*");
-    for (auto& p : peers) o.peer(p);
-    node_.emplace(bus_, o);
+  explicit Tool(const bus::net::NodeOptions& options)
+      : secure_(options.secure()), peer_count_(options.peers().size()) {
+    node_.emplace(bus_, options);
   }
+  /// The nodes it was told to join (--peer and --config).
+  std::size_t peer_count() const { return peer_count_; }
   ~Tool() { node_->stop(); }
   bus::net::Node& node() { return *node_; }
 
@@ -225,16 +235,81 @@ class Tool {
                      peers.size(), " node", peers.size() == 1 ? "" : "s",
                      " seen: `busctl peers` lists what they ", served ? "serve" : "import", ")"));
   }
-  static absl::Status unreachable() {
-    return absl::UnavailableError(
+  absl::Status unreachable() const {
+    return absl::UnavailableError(absl::StrCat(
         "no peer reachable: no heartbeat from any --peer within --wait (is the node running, "
-        "and is --peer its publish endpoint?)");
+        "and is --peer its publish endpoint?",
+        secure_ ? " With CURVE: is the peer's public key in --config right, and does the node "
+                  "allow busctl's public key?"
+                : "",
+        ")"));
   }
 
  private:
   bus::Bus bus_{bus::Options().executors(1)};
+  bool secure_;
+  std::size_t peer_count_;
   std::optional<bus::net::Node> node_;
 };
+
+/// busctl's node: --config's peers, keys, heartbeat and limits (when given), --peer, --name;
+/// its own sockets on 127.0.0.1 only (no node connects to busctl).
+absl::StatusOr<bus::net::NodeOptions> node_options() {
+  bus::net::NodeOptions o;
+  if (std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    std::ifstream in(path);
+    if (!in) return absl::NotFoundError(absl::StrCat("--config: cannot read '", path, "'"));
+    // A node config needs a `publish` line; busctl's own comes first (a line of the file's
+    // would win, and is replaced below anyway).
+    std::stringstream text;
+    text << "publish = tcp://127.0.0.1:*\n" << in.rdbuf();
+    absl::StatusOr<bus::net::NodeOptions> parsed = bus::net::NodeOptions::parse(text.str());
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--config ", path, ": ", parsed.status().message()));
+    }
+    o = *std::move(parsed);
+  }
+  o.name(absl::GetFlag(FLAGS_name))
+      .publish_on("tcp://127.0.0.1:*")
+      .requests_on("tcp://127.0.0.1:*")
+      .advertise("");
+  for (const std::string& p : absl::GetFlag(FLAGS_peer)) {
+    if (o.secure()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--peer=", p, ": with CURVE keys every peer needs its public key; give it in the "
+          "--config file as `peer = ", p, " PUBLIC-KEY`"));
+    }
+    o.peer(p);
+  }
+  if (o.secure()) {
+    // The nodes busctl is told to join are the ones it trusts: a node hears only peers whose
+    // keys it allows.
+    std::vector<std::string> allow = o.allow();
+    for (const auto& p : o.peers()) {
+      if (std::find(allow.begin(), allow.end(), p.public_key) == allow.end()) {
+        allow.push_back(p.public_key);
+      }
+    }
+    bus::net::CurveKeys keys = o.curve_keys();
+    o.curve(std::move(keys), std::move(allow));
+  }
+  if (o.peers().empty()) {
+    return absl::InvalidArgumentError(
+        "--peer is required: the publish endpoint of a node of the bus (or `peer =` lines in "
+        "--config)");
+  }
+  return o;
+}
+
+int cmd_keygen() {
+  bus::net::CurveKeys k = bus::net::CurveKeys::generate();
+  std::printf(
+      "# busctl's CURVE key pair: keep the secret; add the public key to the nodes' allow lists\n"
+      "curve_public = %s\ncurve_secret = %s\n",
+      k.public_key.c_str(), k.secret_key.c_str());
+  return kOk;
+}
 
 int exit_for(const absl::Status& st) {
   if (st.code() == absl::StatusCode::kUnavailable || st.code() == absl::StatusCode::kNotFound) {
@@ -296,7 +371,7 @@ int cmd_watch(Tool& tool, const Schemas& schemas, const std::string& channel) {
   uint64_t want = absl::GetFlag(FLAGS_count);
   // Subscribing before anyone publishes is fine; but no heartbeat at all means a wrong --peer.
   auto peers = tool.wait_for([](const auto& ps) { return !ps.empty(); });
-  if (peers.empty()) return fail(kUnreachable, std::string(Tool::unreachable().message()));
+  if (peers.empty()) return fail(kUnreachable, std::string(tool.unreachable().message()));
   std::mutex mu;
   std::condition_variable cv;
   uint64_t seen = 0;
@@ -333,9 +408,9 @@ int cmd_watch(Tool& tool, const Schemas& schemas, const std::string& channel) {
 
 int cmd_peers(Tool& tool) {
   // Every peer's first heartbeat comes at once on connect; wait for all --peer nodes or --wait.
-  std::size_t expected = absl::GetFlag(FLAGS_peer).size();
+  std::size_t expected = tool.peer_count();
   auto peers = tool.wait_for([&](const auto& ps) { return ps.size() >= expected; });
-  if (peers.empty()) return fail(kUnreachable, std::string(Tool::unreachable().message()));
+  if (peers.empty()) return fail(kUnreachable, std::string(tool.unreachable().message()));
   for (const auto& p : peers) {
     std::printf("%s  id=%llu  requests=%s  last heartbeat %lld ms ago\n", p.name.c_str(),
                 static_cast<unsigned long long>(p.id),
@@ -353,7 +428,7 @@ int cmd_peers(Tool& tool) {
 }
 
 int cmd_stats(Tool& tool, const Schemas& schemas, const std::string& which) {
-  std::size_t expected = absl::GetFlag(FLAGS_peer).size();
+  std::size_t expected = tool.peer_count();
   auto peers = tool.wait_for([&](const std::vector<bus::net::PeerInfo>& ps) {
     if (which.empty()) return ps.size() >= expected;
     for (const auto& p : ps) {
@@ -361,7 +436,7 @@ int cmd_stats(Tool& tool, const Schemas& schemas, const std::string& which) {
     }
     return false;
   });
-  if (peers.empty()) return fail(kUnreachable, std::string(Tool::unreachable().message()));
+  if (peers.empty()) return fail(kUnreachable, std::string(tool.unreachable().message()));
   auto reply_type = *schemas.find(capnp::typeId<bus::wire::NodeStatsReply>());
   int code = kOk;
   bool any = false;
@@ -419,6 +494,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (args.size() < 2) return fail(kUsage, "no command (busctl --help lists them)");
   std::string cmd = args[1];
+  if (cmd == "keygen") return cmd_keygen();
   auto arg = [&](std::size_t i) { return i < args.size() ? std::string(args[i]) : std::string(); };
   std::size_t need = cmd == "pub" || cmd == "call" ? 4 : cmd == "sub" ? 3 : 2;
   if (cmd != "pub" && cmd != "call" && cmd != "sub" && cmd != "peers" && cmd != "stats" &&
@@ -428,16 +504,16 @@ int main(int argc, char** argv) {
   if (args.size() < need) {
     return fail(kUsage, absl::StrCat(cmd, ": missing arguments (busctl --help)"));
   }
-  std::vector<std::string> peers = absl::GetFlag(FLAGS_peer);
-  if (peers.empty()) {
-    return fail(kUsage, "--peer is required: the publish endpoint of a node of the bus");
+  absl::StatusOr<bus::net::NodeOptions> options = node_options();
+  if (!options.ok()) {
+    return fail(kUsage, std::string(options.status().message()));
   }
   Schemas schemas;
   if (auto err = schemas.load(absl::GetFlag(FLAGS_schema), absl::GetFlag(FLAGS_import_path))) {
     return fail(kSchema, *err);
   }
   try {
-    Tool tool(peers);
+    Tool tool(*options);
     if (cmd == "pub") return cmd_pub(tool, schemas, arg(2), arg(3));
     if (cmd == "call") return cmd_call(tool, schemas, arg(2), arg(3));
     if (cmd == "sub") return cmd_watch(tool, schemas, arg(2));

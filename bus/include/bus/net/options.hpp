@@ -91,7 +91,9 @@ class NodeOptions {
     return *this;
   }
 
-  /// Reads options from a small config text, one `key = value` per line (`#` comments):
+  /// Reads options from a small config text, one `key = value` per line. `#` comments a line
+  /// that starts with it, or the rest of a line after a value and a blank; a '#' in a value
+  /// (Z85 keys have them) is kept:
   ///   name = aggregator
   ///   publish = tcp://*:7411          requests = tcp://*:7412     advertise = tcp://10.0.0.5:7412
   ///   peer = tcp://10.0.0.4:7401 [public-key]   (one line per peer)
