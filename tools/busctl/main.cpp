@@ -276,9 +276,11 @@ absl::StatusOr<bus::net::NodeOptions> node_options() {
       .advertise("");
   for (const std::string& p : absl::GetFlag(FLAGS_peer)) {
     if (o.secure()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--peer=", p, ": with CURVE keys every peer needs its public key; give it in the "
-          "--config file as `peer = ", p, " PUBLIC-KEY`"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--peer=", p,
+                       ": with CURVE keys every peer needs its public key; give it in the "
+                       "--config file as `peer = ",
+                       p, " PUBLIC-KEY`"));
     }
     o.peer(p);
   }
