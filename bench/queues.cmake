@@ -78,3 +78,13 @@ if(_bus_queues_missing)
 else()
   message(STATUS "bus_queues: every peer found")
 endif()
+
+# Instructions per message on one thread, counted under callgrind (bench/run_instructions.sh).
+add_executable(bus_instructions ${CMAKE_CURRENT_LIST_DIR}/instructions.cpp)
+target_link_libraries(bus_instructions PRIVATE bus::bus)
+set_target_properties(bus_instructions PROPERTIES
+  CXX_STANDARD 20
+  CXX_STANDARD_REQUIRED ON
+  CXX_EXTENSIONS OFF
+  RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
+target_compile_options(bus_instructions PRIVATE -Wall -Wextra)

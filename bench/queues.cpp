@@ -85,6 +85,8 @@
 #define BUS_QUEUES_BUILD_TYPE "unknown"
 #endif
 
+#include "plain_ring.hpp"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -116,7 +118,7 @@ Item64 make<Item64>(uint64_t v) {
   return Item64{{v, v, v, v, v, v, v, v}};
 }
 
-inline void cpu_relax() { __builtin_ia32_pause(); }
+using bench::cpu_relax;
 
 unsigned cores() { return std::max(1u, std::thread::hardware_concurrency()); }
 
@@ -296,56 +298,11 @@ std::pair<Clock::time_point, Clock::time_point> run_two_to_one(Produce produce, 
   return {t0, t1};
 }
 
-// ---- the plain reference ring -----------------------------------------------------------------
-
-/// A minimal SPSC ring: indices cached on each side, each on its own cache line; the producer
-/// publishes its tail once per `kEvery` items (and at the end), the consumer its head once per
-/// `kEvery` items or at the end of what it saw. Capacity > kEvery, so it cannot stall on an
-/// unpublished tail.
-template <class T, uint64_t kEvery>
-class PlainRing {
- public:
-  static constexpr uint64_t kCap = kRingBytes / sizeof(T);
-  static_assert((kCap & (kCap - 1)) == 0 && kCap > kEvery && (kEvery & (kEvery - 1)) == 0);
-
-  void push(const T& v) {
-    if (tail_ - head_cache_ == kCap) {
-      while ((head_cache_ = head_.load(std::memory_order_acquire)) + kCap == tail_) cpu_relax();
-    }
-    buf_[tail_ & (kCap - 1)] = v;
-    if ((++tail_ & (kEvery - 1)) == 0) shared_tail_.store(tail_, std::memory_order_release);
-  }
-  void flush() { shared_tail_.store(tail_, std::memory_order_release); }
-
-  /// Calls f(item) on what is available; returns how many.
-  template <class F>
-  uint64_t pop_some(F&& f) {
-    if (head_local_ == tail_cache_) {
-      tail_cache_ = shared_tail_.load(std::memory_order_acquire);
-      if (head_local_ == tail_cache_) return 0;
-    }
-    uint64_t start = head_local_;
-    while (head_local_ != tail_cache_) {
-      uint64_t end = std::min(tail_cache_, (head_local_ | (kEvery - 1)) + 1);
-      for (; head_local_ != end; ++head_local_) f(buf_[head_local_ & (kCap - 1)]);
-      head_.store(head_local_, std::memory_order_release);
-    }
-    return head_local_ - start;
-  }
-
- private:
-  alignas(64) std::atomic<uint64_t> shared_tail_{0};
-  alignas(64) std::atomic<uint64_t> head_{0};
-  alignas(64) uint64_t tail_ = 0;  // producer's
-  uint64_t head_cache_ = 0;
-  alignas(64) uint64_t head_local_ = 0;  // consumer's
-  uint64_t tail_cache_ = 0;
-  alignas(64) T buf_[kCap];
-};
+// ---- the plain reference ring (bench/plain_ring.hpp) ------------------------------------------
 
 template <class T, uint64_t kEvery>
 Sample plain_ring(uint64_t n) {
-  auto q = std::make_unique<PlainRing<T, kEvery>>();
+  auto q = std::make_unique<bench::PlainRing<T, kEvery>>();
   Check chk;
   Sample s = run_pair(
       n,

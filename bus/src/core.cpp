@@ -75,11 +75,7 @@ Producer& Core::producer_slow() {
 
 void Core::bind_thread(Inbox& inbox) { producer().own_inbox = &inbox; }
 
-Ring& Producer::ring_to(Inbox& dest) {
-  uint32_t i = dest.index();
-  if (i < rings.size() && rings[i]) return *rings[i];
-  return core.new_ring(*this, dest);
-}
+Ring& Producer::new_ring_to(Inbox& dest) { return core.new_ring(*this, dest); }
 
 Ring& Core::new_ring(Producer& p, Inbox& dest) {
   auto ring = std::make_shared<Ring>(ring_words_for(options_.ring_bytes()), &dest,

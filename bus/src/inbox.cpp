@@ -86,12 +86,16 @@ void Inbox::invoke(uint64_t* record) {
 }
 
 std::size_t Inbox::drain_ring(Ring& r) {
-  std::size_t k = r.consume(kBatch, [this](uint64_t* rec) {
-    uint32_t words = reinterpret_cast<Target*>(rec[0])->ops->words;
-    invoke(rec);
-    return words;
+  return r.consume_runs(kBatch, [this](uint64_t header, uint64_t* rec, uint32_t words,
+                                       std::size_t count) {
+    auto* t = reinterpret_cast<Target*>(header);
+    if (count > 1 && t->invoke_run != nullptr) {
+      // Run targets catch what their handlers throw, per record.
+      t->invoke_run(t, rec, words, count, *this);
+      return;
+    }
+    for (std::size_t i = 0; i < count; ++i) invoke(rec + i * words);
   });
-  return k;
 }
 
 std::size_t Inbox::run_once(bool plain_rings) {

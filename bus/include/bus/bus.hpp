@@ -121,7 +121,7 @@ class Bus {
   /// Sends `msg` to every subscriber. OK, or: ResourceExhausted (a ring was full under the fail
   /// policy; subscribers whose rings had room still get it), Unavailable (the bus is stopping).
   template <class T, MessageOf<T> U>
-  absl::Status publish(const Topic<T>& topic, U&& msg);
+  [[gnu::always_inline]] inline absl::Status publish(const Topic<T>& topic, U&& msg);
 
   template <class T, class F>
   requires std::invocable<F&, const T&> Subscription subscribe(const Topic<T>& topic, F&& handler,
@@ -221,6 +221,11 @@ class Bus {
   absl::Status run_on(detail::Inbox& inbox, F&& fn, bool wait);
   template <class F>
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
+  /// publish() to several inboxes, or from a bridge thread: out of line.
+  template <class T, class U>
+  [[gnu::noinline]] absl::Status publish_to_list(detail::Producer& p,
+                                                 const detail::TargetList<detail::TopicTarget<T>>& list,
+                                                 const Topic<T>& topic, U&& msg);
   template <class T>
   detail::TopicState<T>& topic_state(const Topic<T>& t) {
     return core_->channel_state<detail::TopicState<T>>(t.id(),
@@ -521,28 +526,45 @@ template <class T, MessageOf<T> U>
 absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
   detail::Core& c = *core_;
   detail::Producer& p = c.producer();
-  if (!c.enter(p)) return detail::Core::stopped_status();
+  if (!c.enter(p)) [[unlikely]] return detail::Core::stopped_status();
   absl::Status result;
-  if (const auto* list = topic_state(topic).targets.load()) {
-    detail::TopicTarget<T>* last = nullptr;
-    for (auto* t : list->targets) {
-      if (t->live.load(std::memory_order_relaxed) == 0) continue;
-      if (__builtin_expect(p.bridge, 0) && t->inbox == p.own_inbox) continue;  // see Producer
-      if (last) {
-        absl::Status s = c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(),
-                                   static_cast<const T&>(msg));
-        if (!s.ok()) result = std::move(s);
-      }
-      last = t;
+  const auto* list = topic_state(topic).targets.load();
+  if (list != nullptr && list->targets.size() == 1 && !p.bridge) [[likely]] {
+    // The common case, inline: one inbox subscribes (so no copy to make), a plain producer.
+    detail::TopicTarget<T>* t = list->targets.front();
+    if (t->live.load(std::memory_order_relaxed) != 0) {
+      result = c.send<T>(p, *t->inbox, t, topic.overflow(), topic.id(), std::forward<U>(msg));
     }
-    if (last) {
-      absl::Status s =
-          c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(), std::forward<U>(msg));
-      if (!s.ok()) result = std::move(s);
-    }
+  } else if (list != nullptr) {
+    result = publish_to_list(p, *list, topic, std::forward<U>(msg));
   }
   if (result.ok()) p.counters.add(topic.id(), detail::kPublished);
   c.leave(p);
+  return result;
+}
+
+template <class T, class U>
+absl::Status Bus::publish_to_list(detail::Producer& p,
+                                  const detail::TargetList<detail::TopicTarget<T>>& list,
+                                  const Topic<T>& topic, U&& msg) {
+  detail::Core& c = *core_;
+  absl::Status result;
+  detail::TopicTarget<T>* last = nullptr;
+  for (auto* t : list.targets) {
+    if (t->live.load(std::memory_order_relaxed) == 0) continue;
+    if (p.bridge && t->inbox == p.own_inbox) continue;  // see Producer
+    if (last) {
+      absl::Status s = c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(),
+                                 static_cast<const T&>(msg));
+      if (!s.ok()) result = std::move(s);
+    }
+    last = t;
+  }
+  if (last) {
+    absl::Status s =
+        c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(), std::forward<U>(msg));
+    if (!s.ok()) result = std::move(s);
+  }
   return result;
 }
 

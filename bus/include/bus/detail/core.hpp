@@ -60,7 +60,12 @@ struct Producer {
   // Set while a plain thread is inside publish (or a Batch); stop() waits for it to clear.
   alignas(kCacheLine) std::atomic<uint32_t> active{0};
 
-  Ring& ring_to(Inbox& dest);
+  Ring& ring_to(Inbox& dest) {
+    uint32_t i = dest.index();
+    if (i < rings.size() && rings[i]) [[likely]] return *rings[i];
+    return new_ring_to(dest);
+  }
+  Ring& new_ring_to(Inbox& dest);
   /// Publishes every ring written since the last flush and wakes their consumers.
   void flush();
   /// Moves held records into their rings as room appears. Returns how many moved.
@@ -132,10 +137,40 @@ class Core {
     return absl::UnavailableError("bus: stopped; it takes no more messages");
   }
 
-  /// Builds a record for `target` in `dest`'s ring from this producer. The one send primitive.
+  /// Builds a record for `target` in `dest`'s ring from this producer. The one send primitive:
+  /// inline while the ring has room, send_full() (out of line) when it has not.
   template <class P, class... A>
-  absl::Status send(Producer& p, Inbox& dest, Target* target, Overflow policy, uint32_t channel,
-                    A&&... args);
+  [[gnu::always_inline]] absl::Status send(Producer& p, Inbox& dest, Target* target,
+                                           Overflow policy, uint32_t channel, A&&... args) {
+    constexpr uint32_t kWords = Payload<P>::kWords;
+    Ring& r = p.ring_to(dest);
+    uint64_t* w = r.held == 0 ? r.try_reserve(kWords) : nullptr;
+    if (w == nullptr) [[unlikely]] {
+      return send_full<P>(p, r, dest, target, policy, channel, std::forward<A>(args)...);
+    }
+    w[0] = reinterpret_cast<uint64_t>(target);
+    Payload<P>::construct(w + 1, std::forward<A>(args)...);
+    r.commit(kWords);
+    committed(p, r, dest);
+    return absl::OkStatus();
+  }
+
+  /// A record was committed to `r`: a plain thread outside a Batch publishes it now; executors
+  /// and batches publish at their flush.
+  [[gnu::always_inline]] static void committed(Producer& p, Ring& r, Inbox& dest) {
+    if (p.batch_depth == 0 && !p.executor) {
+      r.publish();
+      light_barrier();  // pairs with heavy_barrier() in Inbox::park()
+      dest.notify();
+    } else if (!r.queued_for_flush) [[unlikely]] {
+      r.queued_for_flush = true;
+      p.unpublished.push_back(&r);
+    }
+  }
+  /// send() when the ring has no room (or records wait before it): the overflow policy.
+  template <class P, class... A>
+  absl::Status send_full(Producer& p, Ring& r, Inbox& dest, Target* target, Overflow policy,
+                         uint32_t channel, A&&... args);
 
   template <class S, class Make>
   S& channel_state(uint32_t id, Make&& make) {
@@ -198,21 +233,18 @@ class Core {
 std::size_t ring_words_for(std::size_t bytes);
 
 template <class P, class... A>
-absl::Status Core::send(Producer& p, Inbox& dest, Target* target, Overflow policy, uint32_t channel,
-                        A&&... args) {
+[[gnu::noinline]] absl::Status Core::send_full(Producer& p, Ring& r, Inbox& dest, Target* target,
+                                               Overflow policy, uint32_t channel, A&&... args) {
   constexpr uint32_t kWords = Payload<P>::kWords;
-  Ring& r = p.ring_to(dest);
-  uint64_t* w = r.held == 0 ? r.try_reserve(kWords) : nullptr;
-  if (__builtin_expect(w == nullptr, 0)) {
-    // Full. Records this thread built but did not publish yet count as taken room: publish
-    // them so the consumer can free it.
-    if (r.publish()) {
-      light_barrier();
-      dest.notify();
-      if (r.held == 0) w = r.try_reserve(kWords);
-    }
+  uint64_t* w = nullptr;
+  // Full. Records this thread built but did not publish yet count as taken room: publish them
+  // so the consumer can free it.
+  if (r.publish()) {
+    light_barrier();
+    dest.notify();
+    if (r.held == 0) w = r.try_reserve(kWords);
   }
-  if (__builtin_expect(w == nullptr, 0)) {
+  if (w == nullptr) {
     switch (policy) {
       case Overflow::kDropNewest: p.counters.add(channel, kDropped); return absl::OkStatus();
       case Overflow::kFail:
@@ -264,14 +296,7 @@ absl::Status Core::send(Producer& p, Inbox& dest, Target* target, Overflow polic
   w[0] = reinterpret_cast<uint64_t>(target);
   Payload<P>::construct(w + 1, std::forward<A>(args)...);
   r.commit(kWords);
-  if (p.batch_depth == 0 && !p.executor) {
-    r.publish();
-    light_barrier();  // pairs with heavy_barrier() in Inbox::park()
-    dest.notify();
-  } else if (!r.queued_for_flush) {
-    r.queued_for_flush = true;
-    p.unpublished.push_back(&r);
-  }
+  committed(p, r, dest);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,7 @@
 // What a ring record is: a pointer to its Target, then the payload built in place.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <new>
 #include <type_traits>
@@ -63,8 +64,13 @@ struct Payload {
 /// handler, a pending request, or a posted closure. `invoke` consumes (and destroys) the payload.
 struct Target {
   using InvokeFn = void (*)(Target* self, void* payload, Inbox& inbox);
+  /// Optional: consumes `count` consecutive records of this target, `words` apart from the one
+  /// at `record` (header included). A target with one can take a run in one call.
+  using InvokeRunFn = void (*)(Target* self, uint64_t* record, uint32_t words, std::size_t count,
+                               Inbox& inbox);
   InvokeFn invoke;
   const PayloadOps* ops;
+  InvokeRunFn invoke_run = nullptr;
 };
 
 /// A closure posted to an inbox: runs once on the inbox's thread.

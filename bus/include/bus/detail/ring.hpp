@@ -4,9 +4,12 @@
 #include <atomic>
 #include <cassert>
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <new>
+
+#include "bus/detail/record.hpp"
 
 namespace bus::detail {
 
@@ -40,7 +43,12 @@ class Ring {
   // ---- producer side -------------------------------------------------------------------------
 
   /// `words` contiguous words, or null when the ring has no room for them.
-  uint64_t* try_reserve(uint32_t words) {
+  [[gnu::always_inline]] uint64_t* try_reserve(uint32_t words) {
+    // Fast path: below the limit known free and before the buffer's end.
+    if (write_ + words <= write_limit_) [[likely]] return buf_ + (write_ & mask_);
+    return reserve_slow(words);
+  }
+  uint64_t* reserve_slow(uint32_t words) {
     uint64_t pos = write_ & mask_;
     uint64_t contiguous = capacity() - pos;
     uint64_t need = words <= contiguous ? words : contiguous + words;
@@ -54,6 +62,8 @@ class Ring {
       write_ += contiguous;
       pos = 0;
     }
+    // What is known free from here: up to the consumer's head and the buffer's end.
+    write_limit_ = std::min(head_cache_ + capacity(), write_ - pos + capacity());
     return buf_ + pos;
   }
   void commit(uint32_t words) { write_ += words; }
@@ -97,6 +107,39 @@ class Ring {
     }
     return n;
   }
+  /// Like consume(), but hands over runs: `f(header, record, words, count)` gets `count`
+  /// consecutive records of one target (the same header word), `words` apart and contiguous in
+  /// memory, and consumes them all. Returns how many records ran.
+  template <class F>
+  std::size_t consume_runs(std::size_t max, F&& f) {
+    std::size_t n = 0;
+    while (n < max) {
+      if (read_ == tail_cache_) {
+        // (3) pairs with (2).
+        tail_cache_ = tail_.load(std::memory_order_acquire);
+        if (read_ == tail_cache_) break;
+      }
+      uint64_t pos = read_ & mask_;
+      uint64_t header = buf_[pos];
+      if (header == 0) {
+        read_ += capacity() - pos;
+        continue;
+      }
+      uint32_t words = words_of(header);
+      // The run ends at the next other record, at the tail, or where the buffer wraps.
+      uint64_t end = std::min(tail_cache_, read_ + (capacity() - pos));
+      uint64_t at = read_ + words;
+      std::size_t k = 1;
+      while (n + k < max && at < end && buf_[at & mask_] == header) {
+        at += words;
+        ++k;
+      }
+      read_ = at;
+      n += k;
+      f(header, buf_ + pos, words, k);
+    }
+    return n;
+  }
   /// Publishes the head; returns true when it moved.
   bool release() {
     if (read_ == released_) return false;
@@ -109,6 +152,10 @@ class Ring {
     if (read_ != tail_cache_) return false;
     tail_cache_ = tail_.load(std::memory_order_acquire);  // pairs with (2)
     return read_ == tail_cache_;
+  }
+
+  static uint32_t words_of(uint64_t header) {
+    return reinterpret_cast<const Target*>(header)->ops->words;
   }
 
   // ---- any thread (stats, shutdown) ----------------------------------------------------------
@@ -135,6 +182,7 @@ class Ring {
   uint64_t write_ = 0;       // next word the producer writes (committed, maybe unpublished)
   uint64_t published_ = 0;   // last value stored to tail_
   uint64_t head_cache_ = 0;  // producer's view of head_: refreshed only when the ring looks full
+  uint64_t write_limit_ = 0;  // write_ may grow to it without a check: free and before the end
 
   // Consumer line.
   alignas(kCacheLine) std::atomic<uint64_t> head_{0};

@@ -1,0 +1,93 @@
+// Instructions per message, publish + dispatch on one thread: the regression figure of the
+// internal queue issue that does not move with the machine's noise. bench/run_instructions.sh
+// runs each case under `valgrind --tool=callgrind` at two message counts and divides the
+// difference in instructions by the difference in messages (setup and teardown cancel out).
+//
+//   bus_instructions CASE N
+//
+// Cases (8-byte integers, 64 messages per round, then the consumer takes the round):
+//   ring64     the plain reference ring, tail published once per 64 items
+//   ring1      the plain reference ring, tail published per item
+//   bus        Bus::publish per message from the thread that owns the subscriber's inbox
+//              (an ExternalInbox), then drain()
+//   busbatch   the same publishes inside a bus::Batch (one release per round), then drain()
+// Each consumer checks the count and the sum; a mismatch exits with status 1.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include <bus/bus.hpp>
+
+#include "plain_ring.hpp"
+
+namespace {
+
+constexpr uint64_t kRound = 64;
+const bus::Topic<uint64_t> numbers{"bench.instructions", bus::Overflow::kBlock};
+
+struct Sum {
+  uint64_t count = 0, sum = 0;
+  void take(uint64_t v) {
+    ++count;
+    sum += v;
+  }
+  int verify(uint64_t n) const {
+    if (count == n && sum == n * (n + 1) / 2) return 0;
+    std::fprintf(stderr, "bus_instructions: received %llu (sum %llu) of %llu\n",
+                 static_cast<unsigned long long>(count), static_cast<unsigned long long>(sum),
+                 static_cast<unsigned long long>(n));
+    return 1;
+  }
+};
+
+template <uint64_t kEvery>
+int ring(uint64_t n) {
+  auto q = std::make_unique<bench::PlainRing<uint64_t, kEvery>>();
+  Sum s;
+  for (uint64_t i = 1; i <= n;) {
+    for (uint64_t end = std::min(n, i + kRound - 1); i <= end; ++i) q->push(i);
+    q->flush();
+    q->pop_some([&](uint64_t v) { s.take(v); });
+  }
+  return s.verify(n);
+}
+
+int bus_case(uint64_t n, bool batch) {
+  bus::Bus b(bus::Options().executors(1));
+  bus::ExternalInbox inbox(b);
+  inbox.bind_to_this_thread();
+  Sum s;
+  auto sub = inbox.subscribe(numbers, [&](const uint64_t& v) { s.take(v); });
+  for (uint64_t i = 1; i <= n;) {
+    {
+      std::optional<bus::Batch> scope;
+      if (batch) scope.emplace(b);
+      for (uint64_t end = std::min(n, i + kRound - 1); i <= end; ++i) {
+        if (!b.publish(numbers, i).ok()) return 2;
+      }
+    }
+    inbox.drain_awake();
+  }
+  inbox.drain();
+  return s.verify(n);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s ring64|ring1|bus|busbatch N\n", argv[0]);
+    return 2;
+  }
+  std::string c = argv[1];
+  uint64_t n = std::strtoull(argv[2], nullptr, 10);
+  if (c == "ring64") return ring<64>(n);
+  if (c == "ring1") return ring<1>(n);
+  if (c == "bus") return bus_case(n, false);
+  if (c == "busbatch") return bus_case(n, true);
+  std::fprintf(stderr, "bus_instructions: unknown case '%s'\n", c.c_str());
+  return 2;
+}
