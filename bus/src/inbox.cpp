@@ -173,11 +173,7 @@ std::size_t Inbox::run_deferred() {
 }
 
 bool Inbox::ready() {
-  if (!deferred_.empty()) return true;
-  if (incoming_.load(std::memory_order_relaxed) != nullptr) return true;
-  for (auto& r : rings_) {
-    if (!r->empty_for_consumer()) return true;
-  }
+  if (has_records()) return true;
   if (!timers_.empty() && timers_.begin()->first.first <= Clock::now()) return true;
   return false;
 }

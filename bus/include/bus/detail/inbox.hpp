@@ -70,6 +70,14 @@ class Inbox {
   std::size_t run_once(bool plain_rings = true);
   /// True when a record is waiting in some ring or a timer is due.
   bool ready();
+  /// True when a record, a new ring or a deferred call is waiting (no clock read: the spin loop).
+  bool has_records() {
+    if (!deferred_.empty() || incoming_.load(std::memory_order_relaxed) != nullptr) return true;
+    for (auto& r : rings_) {
+      if (!r->empty_for_consumer()) return true;
+    }
+    return false;
+  }
   /// Parks until woken or until the next timer; `extra_ready` is re-checked after announcing sleep.
   template <class F>
   void park(F&& extra_ready) {
