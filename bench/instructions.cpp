@@ -12,14 +12,13 @@
 //              (an ExternalInbox), then drain()
 //   busbatch   the same publishes inside a bus::Batch (one release per round), then drain()
 // Each consumer checks the count and the sum; a mismatch exits with status 1.
+#include <bus/bus.hpp>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
-
-#include <bus/bus.hpp>
 
 #include "plain_ring.hpp"
 

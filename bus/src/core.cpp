@@ -222,7 +222,7 @@ Inbox& Core::create_external_inbox() {
 namespace {
 /// Records drained between two spins from which an executor spins as in a stream.
 constexpr std::size_t kStreamRecords = 4;
-}
+}  // namespace
 
 void Core::run_executor(Inbox& in, unsigned index) {
   if (options_.pin_executors()) {

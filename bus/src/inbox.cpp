@@ -86,16 +86,16 @@ void Inbox::invoke(uint64_t* record) {
 }
 
 std::size_t Inbox::drain_ring(Ring& r) {
-  return r.consume_runs(kBatch, [this](uint64_t header, uint64_t* rec, uint32_t words,
-                                       std::size_t count) {
-    auto* t = reinterpret_cast<Target*>(header);
-    if (count > 1 && t->invoke_run != nullptr) {
-      // Run targets catch what their handlers throw, per record.
-      t->invoke_run(t, rec, words, count, *this);
-      return;
-    }
-    for (std::size_t i = 0; i < count; ++i) invoke(rec + i * words);
-  });
+  return r.consume_runs(kBatch,
+                        [this](uint64_t header, uint64_t* rec, uint32_t words, std::size_t count) {
+                          auto* t = reinterpret_cast<Target*>(header);
+                          if (count > 1 && t->invoke_run != nullptr) {
+                            // Run targets catch what their handlers throw, per record.
+                            t->invoke_run(t, rec, words, count, *this);
+                            return;
+                          }
+                          for (std::size_t i = 0; i < count; ++i) invoke(rec + i * words);
+                        });
 }
 
 std::size_t Inbox::run_once(bool plain_rings) {

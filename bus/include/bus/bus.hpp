@@ -223,9 +223,9 @@ class Bus {
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
   /// publish() to several inboxes, or from a bridge thread: out of line.
   template <class T, class U>
-  [[gnu::noinline]] absl::Status publish_to_list(detail::Producer& p,
-                                                 const detail::TargetList<detail::TopicTarget<T>>& list,
-                                                 const Topic<T>& topic, U&& msg);
+  [[gnu::noinline]] absl::Status publish_to_list(
+      detail::Producer& p, const detail::TargetList<detail::TopicTarget<T>>& list,
+      const Topic<T>& topic, U&& msg);
   template <class T>
   detail::TopicState<T>& topic_state(const Topic<T>& t) {
     return core_->channel_state<detail::TopicState<T>>(t.id(),
@@ -526,7 +526,8 @@ template <class T, MessageOf<T> U>
 absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
   detail::Core& c = *core_;
   detail::Producer& p = c.producer();
-  if (!c.enter(p)) [[unlikely]] return detail::Core::stopped_status();
+  if (!c.enter(p)) [[unlikely]]
+    return detail::Core::stopped_status();
   absl::Status result;
   const auto* list = topic_state(topic).targets.load();
   if (list != nullptr && list->targets.size() == 1 && !p.bridge) [[likely]] {

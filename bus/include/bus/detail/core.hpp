@@ -62,7 +62,8 @@ struct Producer {
 
   Ring& ring_to(Inbox& dest) {
     uint32_t i = dest.index();
-    if (i < rings.size() && rings[i]) [[likely]] return *rings[i];
+    if (i < rings.size() && rings[i]) [[likely]]
+      return *rings[i];
     return new_ring_to(dest);
   }
   Ring& new_ring_to(Inbox& dest);

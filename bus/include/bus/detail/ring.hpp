@@ -1,10 +1,10 @@
 // A bounded single-producer single-consumer ring of 8-byte words holding variable-size records.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <cstdint>
-#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <new>
@@ -45,7 +45,8 @@ class Ring {
   /// `words` contiguous words, or null when the ring has no room for them.
   [[gnu::always_inline]] uint64_t* try_reserve(uint32_t words) {
     // Fast path: below the limit known free and before the buffer's end.
-    if (write_ + words <= write_limit_) [[likely]] return buf_ + (write_ & mask_);
+    if (write_ + words <= write_limit_) [[likely]]
+      return buf_ + (write_ & mask_);
     return reserve_slow(words);
   }
   uint64_t* reserve_slow(uint32_t words) {
@@ -179,9 +180,9 @@ class Ring {
  private:
   // Producer line: written by the producer only, so it never bounces to the consumer's core.
   alignas(kCacheLine) std::atomic<uint64_t> tail_{0};
-  uint64_t write_ = 0;       // next word the producer writes (committed, maybe unpublished)
-  uint64_t published_ = 0;   // last value stored to tail_
-  uint64_t head_cache_ = 0;  // producer's view of head_: refreshed only when the ring looks full
+  uint64_t write_ = 0;        // next word the producer writes (committed, maybe unpublished)
+  uint64_t published_ = 0;    // last value stored to tail_
+  uint64_t head_cache_ = 0;   // producer's view of head_: refreshed only when the ring looks full
   uint64_t write_limit_ = 0;  // write_ may grow to it without a check: free and before the end
 
   // Consumer line.
