@@ -265,16 +265,16 @@ void Core::run_executor(Inbox& in, unsigned index) {
     if (n > 0) continue;
 
     // Spin before parking. How often it looks at the rings adapts to the traffic: after a
-    // stream (many records since the last spin) it looks every 64 pauses, so producers write
-    // whole batches without the tail's cache line moving to this core on every message; after a
-    // trickle (a reply, a request) it looks after every pause, so the next one is taken at
-    // once (64 pauses of ~40-140 cycles cost request/reply about a microsecond per hop). The
-    // clock, timers, state and backlog are looked at every 64 pauses.
+    // stream (kStreamRecords or more since the last spin) it looks every 64 pauses, so producers
+    // write whole batches without the tail's cache line moving to this core on every message; after
+    // a trickle (a reply, a request) it looks after every pause, so the next one is taken at once
+    // (64 pauses of ~40-140 cycles cost request/reply about a microsecond per hop). The clock,
+    // timers, state and backlog are looked at every 64 pauses.
     bool work = false;
     if (options_.spin() > Clock::duration::zero()) {
       const int pauses = since_spin >= kStreamRecords ? 64 : 1;
       auto until = Clock::now() + options_.spin();
-      for (int paused = 0; !work;) {
+      for (uint64_t paused = 0; !work;) {
         for (int i = 0; i < pauses; ++i) cpu_relax();
         paused += pauses;
         work = in.has_records();

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -208,6 +209,84 @@ TEST(Ring, WholeBufferRecordFillsTheRing) {
   EXPECT_EQ(words, 64u);
   ring.release();
   EXPECT_EQ(ring.try_reserve(64), base);
+}
+
+// consume_runs: consecutive records of one target come as one run, which ends at another
+// target, at the tail, at the buffer's end and at `max`.
+bus::detail::PayloadOps two_words{2, nullptr, nullptr};
+bus::detail::PayloadOps three_words{3, nullptr, nullptr};
+bus::detail::Target target_a{nullptr, &two_words};
+bus::detail::Target target_b{nullptr, &three_words};
+
+struct Run {
+  const bus::detail::Target* target;
+  uint64_t* first;
+  uint32_t words;
+  std::size_t count;
+  bool operator==(const Run&) const = default;
+};
+
+/// Commits a record of `t` whose payload words all hold `value`.
+uint64_t* put_for(Ring& ring, const bus::detail::Target& t, uint64_t value) {
+  uint32_t words = t.ops->words;
+  uint64_t* at = ring.try_reserve(words);
+  if (at == nullptr) return nullptr;
+  at[0] = reinterpret_cast<uint64_t>(&t);
+  for (uint32_t k = 1; k < words; ++k) at[k] = value;
+  ring.commit(words);
+  return at;
+}
+
+std::vector<Run> runs(Ring& ring, std::size_t max) {
+  std::vector<Run> out;
+  ring.consume_runs(max, [&](uint64_t header, uint64_t* rec, uint32_t words, std::size_t count) {
+    out.push_back({reinterpret_cast<const bus::detail::Target*>(header), rec, words, count});
+  });
+  return out;
+}
+
+TEST(Ring, ConsumeRunsGroupsRecordsOfOneTarget) {
+  Ring ring(64, nullptr, nullptr);
+  uint64_t* a0 = put_for(ring, target_a, 1);
+  put_for(ring, target_a, 2);
+  put_for(ring, target_a, 3);
+  uint64_t* b0 = put_for(ring, target_b, 4);
+  put_for(ring, target_b, 5);
+  uint64_t* a3 = put_for(ring, target_a, 6);
+  ring.publish();
+  put_for(ring, target_a, 7);  // not published: not part of the run
+  EXPECT_EQ(
+      runs(ring, SIZE_MAX),
+      (std::vector<Run>{{&target_a, a0, 2, 3}, {&target_b, b0, 3, 2}, {&target_a, a3, 2, 1}}));
+  EXPECT_EQ(a0[2 * 2 + 1], 3u);  // the third record of the run, `words` apart
+  ring.publish();
+  EXPECT_EQ(runs(ring, SIZE_MAX).size(), 1u);
+  ring.release();
+  EXPECT_EQ(ring.depth_words(), 0u);
+}
+
+TEST(Ring, ConsumeRunsStopsAtMaxAndAtTheBuffersEnd) {
+  Ring ring(64, nullptr, nullptr);
+  // 32 two-word records fill the buffer exactly; `max` splits them.
+  uint64_t* first = put_for(ring, target_a, 0);
+  for (uint64_t i = 1; i < 32; ++i) ASSERT_NE(put_for(ring, target_a, i), nullptr);
+  ring.publish();
+  EXPECT_EQ(runs(ring, 10), (std::vector<Run>{{&target_a, first, 2, 10}}));
+  EXPECT_EQ(runs(ring, SIZE_MAX), (std::vector<Run>{{&target_a, first + 20, 2, 22}}));
+  ring.release();
+  // The next records continue at the buffer's start: a run never spans the end.
+  for (uint64_t i = 0; i < 30; ++i) ASSERT_NE(put_for(ring, target_a, i), nullptr);
+  ring.publish();
+  ASSERT_EQ(runs(ring, SIZE_MAX).size(), 1u);
+  ring.release();
+  // 60 words used since the start: two records fit before the end, the third starts over.
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_NE(put_for(ring, target_a, i), nullptr);
+  ring.publish();
+  std::vector<Run> r = runs(ring, SIZE_MAX);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].count, 2u);
+  EXPECT_EQ(r[1].count, 1u);
+  EXPECT_EQ(r[1].first, first);
 }
 
 }  // namespace

@@ -92,43 +92,20 @@ class Ring {
   template <class F>
   std::size_t consume(std::size_t max, F&& f) {
     std::size_t n = 0;
-    while (n < max) {
-      if (read_ == tail_cache_) {
-        // (3) pairs with (2).
-        tail_cache_ = tail_.load(std::memory_order_acquire);
-        if (read_ == tail_cache_) break;
-      }
-      uint64_t pos = read_ & mask_;
-      if (buf_[pos] == 0) {
-        read_ += capacity() - pos;
-        continue;
-      }
-      read_ += f(buf_ + pos);
-      ++n;
-    }
+    for (uint64_t* rec; n < max && (rec = next_record()) != nullptr; ++n) read_ += f(rec);
     return n;
   }
-  /// Like consume(), but hands over runs: `f(header, record, words, count)` gets `count`
-  /// consecutive records of one target (the same header word), `words` apart and contiguous in
-  /// memory, and consumes them all. Returns how many records ran.
+  /// Like consume(), in runs: `f(header, record, words, count)` gets `count` consecutive
+  /// records of one target (the same header word, a Target), `words` apart and contiguous in
+  /// memory, and consumes them all.
   template <class F>
   std::size_t consume_runs(std::size_t max, F&& f) {
     std::size_t n = 0;
-    while (n < max) {
-      if (read_ == tail_cache_) {
-        // (3) pairs with (2).
-        tail_cache_ = tail_.load(std::memory_order_acquire);
-        if (read_ == tail_cache_) break;
-      }
-      uint64_t pos = read_ & mask_;
-      uint64_t header = buf_[pos];
-      if (header == 0) {
-        read_ += capacity() - pos;
-        continue;
-      }
+    for (uint64_t* rec; n < max && (rec = next_record()) != nullptr;) {
+      uint64_t header = *rec;
       uint32_t words = words_of(header);
       // The run ends at the next other record, at the tail, or where the buffer wraps.
-      uint64_t end = std::min(tail_cache_, read_ + (capacity() - pos));
+      uint64_t end = std::min(tail_cache_, read_ + (capacity() - (read_ & mask_)));
       uint64_t at = read_ + words;
       std::size_t k = 1;
       while (n + k < max && at < end && buf_[at & mask_] == header) {
@@ -137,7 +114,7 @@ class Ring {
       }
       read_ = at;
       n += k;
-      f(header, buf_ + pos, words, k);
+      f(header, rec, words, k);
     }
     return n;
   }
@@ -155,6 +132,19 @@ class Ring {
     return read_ == tail_cache_;
   }
 
+  /// The next visible record (wrap markers skipped), or null when there is none.
+  uint64_t* next_record() {
+    for (;;) {
+      if (read_ == tail_cache_) {
+        // (3) pairs with (2).
+        tail_cache_ = tail_.load(std::memory_order_acquire);
+        if (read_ == tail_cache_) return nullptr;
+      }
+      uint64_t pos = read_ & mask_;
+      if (buf_[pos] != 0) return buf_ + pos;
+      read_ += capacity() - pos;
+    }
+  }
   static uint32_t words_of(uint64_t header) {
     return reinterpret_cast<const Target*>(header)->ops->words;
   }
