@@ -218,12 +218,12 @@ bus::detail::PayloadOps three_words{3, nullptr, nullptr};
 bus::detail::Target target_a{nullptr, &two_words};
 bus::detail::Target target_b{nullptr, &three_words};
 
-struct Run {
+struct RecordRun {
   const bus::detail::Target* target;
   uint64_t* first;
   uint32_t words;
   std::size_t count;
-  bool operator==(const Run&) const = default;
+  bool operator==(const RecordRun&) const = default;
 };
 
 /// Commits a record of `t` whose payload words all hold `value`.
@@ -237,8 +237,8 @@ uint64_t* put_for(Ring& ring, const bus::detail::Target& t, uint64_t value) {
   return at;
 }
 
-std::vector<Run> runs(Ring& ring, std::size_t max) {
-  std::vector<Run> out;
+std::vector<RecordRun> runs(Ring& ring, std::size_t max) {
+  std::vector<RecordRun> out;
   ring.consume_runs(max, [&](uint64_t header, uint64_t* rec, uint32_t words, std::size_t count) {
     out.push_back({reinterpret_cast<const bus::detail::Target*>(header), rec, words, count});
   });
@@ -255,9 +255,9 @@ TEST(Ring, ConsumeRunsGroupsRecordsOfOneTarget) {
   uint64_t* a3 = put_for(ring, target_a, 6);
   ring.publish();
   put_for(ring, target_a, 7);  // not published: not part of the run
-  EXPECT_EQ(
-      runs(ring, SIZE_MAX),
-      (std::vector<Run>{{&target_a, a0, 2, 3}, {&target_b, b0, 3, 2}, {&target_a, a3, 2, 1}}));
+  EXPECT_EQ(runs(ring, SIZE_MAX),
+            (std::vector<RecordRun>{
+                {&target_a, a0, 2, 3}, {&target_b, b0, 3, 2}, {&target_a, a3, 2, 1}}));
   EXPECT_EQ(a0[2 * 2 + 1], 3u);  // the third record of the run, `words` apart
   ring.publish();
   EXPECT_EQ(runs(ring, SIZE_MAX).size(), 1u);
@@ -271,8 +271,8 @@ TEST(Ring, ConsumeRunsStopsAtMaxAndAtTheBuffersEnd) {
   uint64_t* first = put_for(ring, target_a, 0);
   for (uint64_t i = 1; i < 32; ++i) ASSERT_NE(put_for(ring, target_a, i), nullptr);
   ring.publish();
-  EXPECT_EQ(runs(ring, 10), (std::vector<Run>{{&target_a, first, 2, 10}}));
-  EXPECT_EQ(runs(ring, SIZE_MAX), (std::vector<Run>{{&target_a, first + 20, 2, 22}}));
+  EXPECT_EQ(runs(ring, 10), (std::vector<RecordRun>{{&target_a, first, 2, 10}}));
+  EXPECT_EQ(runs(ring, SIZE_MAX), (std::vector<RecordRun>{{&target_a, first + 20, 2, 22}}));
   ring.release();
   // The next records continue at the buffer's start: a run never spans the end.
   for (uint64_t i = 0; i < 30; ++i) ASSERT_NE(put_for(ring, target_a, i), nullptr);
@@ -282,7 +282,7 @@ TEST(Ring, ConsumeRunsStopsAtMaxAndAtTheBuffersEnd) {
   // 60 words used since the start: two records fit before the end, the third starts over.
   for (uint64_t i = 0; i < 3; ++i) ASSERT_NE(put_for(ring, target_a, i), nullptr);
   ring.publish();
-  std::vector<Run> r = runs(ring, SIZE_MAX);
+  std::vector<RecordRun> r = runs(ring, SIZE_MAX);
   ASSERT_EQ(r.size(), 2u);
   EXPECT_EQ(r[0].count, 2u);
   EXPECT_EQ(r[1].count, 1u);
