@@ -12,14 +12,18 @@
 include_guard(GLOBAL)
 
 add_executable(bus_queues ${CMAKE_CURRENT_LIST_DIR}/queues.cpp)
-target_link_libraries(bus_queues PRIVATE bus::bus)
-set_target_properties(bus_queues PROPERTIES
-  CXX_STANDARD 20
-  CXX_STANDARD_REQUIRED ON
-  CXX_EXTENSIONS OFF
-  EXPORT_COMPILE_COMMANDS ON
-  RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
-target_compile_options(bus_queues PRIVATE -Wall -Wextra)
+# Instructions per message on one thread, counted under callgrind (bench/run_instructions.sh).
+add_executable(bus_instructions ${CMAKE_CURRENT_LIST_DIR}/instructions.cpp)
+foreach(_target bus_queues bus_instructions)
+  target_link_libraries(${_target} PRIVATE bus::bus)
+  set_target_properties(${_target} PROPERTIES
+    CXX_STANDARD 20
+    CXX_STANDARD_REQUIRED ON
+    CXX_EXTENSIONS OFF
+    EXPORT_COMPILE_COMMANDS ON
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
+  target_compile_options(${_target} PRIVATE -Wall -Wextra)
+endforeach()
 target_compile_definitions(bus_queues PRIVATE
   BUS_QUEUES_BUILD_TYPE="$<CONFIG>")
 
@@ -79,12 +83,3 @@ else()
   message(STATUS "bus_queues: every peer found")
 endif()
 
-# Instructions per message on one thread, counted under callgrind (bench/run_instructions.sh).
-add_executable(bus_instructions ${CMAKE_CURRENT_LIST_DIR}/instructions.cpp)
-target_link_libraries(bus_instructions PRIVATE bus::bus)
-set_target_properties(bus_instructions PROPERTIES
-  CXX_STANDARD 20
-  CXX_STANDARD_REQUIRED ON
-  CXX_EXTENSIONS OFF
-  RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
-target_compile_options(bus_instructions PRIVATE -Wall -Wextra)
