@@ -237,6 +237,10 @@ TEST(BusctlCurve, JoinsASecuredBusWithAnAllowedKeyAndIsTurnedAwayWithout) {
   // With keys, a --peer without one cannot be used.
   EXPECT_EQ(busctl({"--config=" + good, "--peer=tcp://127.0.0.1:1", "peers"}, &out), 1) << out;
   EXPECT_TRUE(has(out, "every peer needs its public key")) << out;
+  // ...and neither can a config peer without one.
+  std::string keyless = write_config("busctl-keyless.conf", server.publish_endpoint(), "", mine);
+  EXPECT_EQ(busctl({"--config=" + keyless, "peers"}, &out), 1) << out;
+  EXPECT_TRUE(has(out, "has no public key")) << out;
   // A config file that is not there.
   EXPECT_EQ(busctl({"--config=/nonexistent.conf", "peers"}, &out), 1) << out;
   EXPECT_TRUE(has(out, "/nonexistent.conf")) << out;

@@ -289,6 +289,12 @@ absl::StatusOr<bus::net::NodeOptions> node_options() {
     // keys it allows.
     std::vector<std::string> allow = o.allow();
     for (const auto& p : o.peers()) {
+      if (p.public_key.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--config: peer ", p.endpoint,
+            " has no public key; with CURVE keys every peer needs one (`peer = ", p.endpoint,
+            " PUBLIC-KEY`)"));
+      }
       if (std::find(allow.begin(), allow.end(), p.public_key) == allow.end()) {
         allow.push_back(p.public_key);
       }
