@@ -46,7 +46,14 @@ TEST(Statsd, PushesChannelCountersAsDeltasAndDepthsAsGauges) {
   auto sub = bus.subscribe(ticks, [&](const int&) { got.fetch_add(1); });
   bus::StatsdExporter statsd(bus, bus::StatsdOptions().address(udp.address()).interval(1h));
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(bus.publish(ticks, i).ok());
-  ASSERT_TRUE(bus_test::eventually([&] { return got.load() == 5; }));
+  // The handlers ran; the executor counts a run of messages once it ends, and frees their ring
+  // space after it: wait for those figures too.
+  auto settled = [&](uint64_t delivered) {
+    bus::Stats s = bus.stats();
+    const bus::ChannelStats* c = s.channel("statsd_test.ticks");
+    return c != nullptr && c->delivered == delivered && s.inboxes.at(0).depth_bytes == 0;
+  };
+  ASSERT_TRUE(bus_test::eventually([&] { return got.load() == 5 && settled(5); }));
   statsd.push();
   auto first = lines(udp.take());
   EXPECT_EQ(first["bus.channel.statsd_test.ticks.published"], "5|c");
@@ -56,7 +63,7 @@ TEST(Statsd, PushesChannelCountersAsDeltasAndDepthsAsGauges) {
   EXPECT_EQ(first["bus.held_records"], "0|g");
 
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(bus.publish(ticks, i).ok());
-  ASSERT_TRUE(bus_test::eventually([&] { return got.load() == 8; }));
+  ASSERT_TRUE(bus_test::eventually([&] { return got.load() == 8 && settled(8); }));
   statsd.push();
   auto second = lines(udp.take());
   EXPECT_EQ(second["bus.channel.statsd_test.ticks.published"], "3|c");  // the delta
