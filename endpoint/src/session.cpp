@@ -1,13 +1,21 @@
 // Connections and I/O threads of the HTTP server (Boost.Beast on Asio).
+#include <absl/strings/match.h>
+#include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
 #include <kj/compat/url.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
 #include <cstdio>
+#include <system_error>
 
 #include "io.hpp"
 
@@ -34,43 +42,129 @@ bool is_http_error(const beast::error_code& ec) {
 
 std::string_view view(beast::string_view s) { return {s.data(), s.size()}; }
 
+/// Whether a route's extra header field may be sent: not one the server sets itself, and
+/// nothing that would end the field early (a CR or LF would let a value inject fields).
+bool header_allowed(std::string_view name, std::string_view value) {
+  for (std::string_view own :
+       {"content-type", "content-length", "connection", "allow", "transfer-encoding"}) {
+    if (absl::EqualsIgnoreCase(absl::string_view(name.data(), name.size()),
+                               absl::string_view(own.data(), own.size()))) {
+      return false;
+    }
+  }
+  bool bad = name.empty() || name.find_first_of("\r\n: ") != std::string_view::npos ||
+             value.find_first_of("\r\n") != std::string_view::npos;
+  if (bad) {
+    static std::atomic<bool> logged{false};
+    if (!logged.exchange(true)) {
+      std::fprintf(stderr,
+                   "bus::http: a reply's header field \"%.*s\" was not sent: its name "
+                   "or value holds a CR, LF or colon (logged once)\n",
+                   static_cast<int>(name.size()), name.data());
+    }
+  }
+  return !bad;
+}
+
+/// An Asio socket owning `fd`, a connected TCP socket (closed when Asio cannot take it).
+tcp::socket adopt(asio::io_context& ioc, int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  tcp::socket socket(ioc);
+  beast::error_code ec;
+  socket.assign(addr.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), fd, ec);
+  if (ec) ::close(fd);
+  return socket;
+}
+
 }  // namespace
 
 // ==== Session
 // ====================================================================================
 
-Session::Session(IoThread& io, tcp::socket socket) : io_(io), socket_(std::move(socket)) {
-  io_.sessions.insert(this);
-  beast::error_code ignored;
-  socket_.set_option(tcp::no_delay(true), ignored);  // a reply is one write: send it now
+Session::Session(IoThread& io, int fd) : io_(io), fd_(fd) { io_.sessions.insert(this); }
+
+Session::~Session() {
+  if (fd_ >= 0) ::close(fd_);
+  io_.forget(this);
 }
 
-Session::~Session() { io_.forget(this); }
+void Session::start() {
+  self_ = shared_from_this();
+  int one = 1;  // a reply is one write: send it now
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (!io_.watch(fd_, this)) return close();
+  // The first request may be here already: the registration's first event says so.
+  wait_for_request();
+}
 
 void Session::close() {
   if (phase_ == Phase::kClosed) return;
   phase_ = Phase::kClosed;
   deadline_.reset();
-  beast::error_code ignored;
-  socket_.shutdown(tcp::socket::shutdown_both, ignored);
-  socket_.close(ignored);
+  if (fd_ >= 0) {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);  // also leaves the poller
+    fd_ = -1;
+  }
+  // Let go after the current handler: the poller may still hold this round's events for it.
+  if (self_) asio::post(io_.ioc, [s = std::move(self_)] {});
+}
+
+void Session::on_events(uint32_t events) {
+  if (phase_ == Phase::kClosed) return;
+  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) readable_ = true;
+  if ((events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) peer_closed_ = true;
+  if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0) writable_ = true;
+  switch (phase_) {
+    case Phase::kIdle: return wait_for_request();
+    case Phase::kReading: return parse();
+    case Phase::kWriting: return send();
+    default: return;  // a request is being answered: what comes next waits in the socket
+  }
+}
+
+Session::Received Session::receive(std::size_t want) {
+  if (!readable_) return Received::kNothing;
+  asio::mutable_buffer space = buffer_.prepare(want);
+  for (;;) {
+    ssize_t n = ::recv(fd_, space.data(), space.size(), 0);
+    if (n > 0) {
+      buffer_.commit(static_cast<std::size_t>(n));
+      // Less than asked for: the socket is drained, and what arrives next is a new edge. Not so
+      // when the peer's end was seen: the read that returns it is still to come.
+      if (static_cast<std::size_t>(n) < space.size() && !peer_closed_) readable_ = false;
+      return Received::kSome;
+    }
+    if (n == 0) return Received::kEnd;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      readable_ = false;
+      return Received::kNothing;
+    }
+    return Received::kFailed;
+  }
 }
 
 void Session::wait_for_request() {
   if (io_.draining) return close();
   phase_ = Phase::kIdle;
-  if (buffer_.size() > 0) return read_request();  // a pipelined request is already here
+  if (buffer_.size() > 0) {
+    // A pipelined request is already here. Read it from a fresh handler: answering one at once
+    // (a route on the I/O thread) must not nest a call per request in the buffer.
+    asio::post(io_.ioc, [self = shared_from_this()] {
+      if (self->phase_ == Phase::kIdle) self->read_request();
+    });
+    return;
+  }
   deadline_ = Clock::now() + io_.server.options.idle_timeout();
-  // Wait for the next request's first bytes with a read, not socket::async_wait: Asio starts a
-  // wait without trying it first and re-arms epoll for it (an epoll_ctl per request, 8% of the
-  // CPU at 10,000 connections), while a read is tried at once and, when nothing is there yet,
-  // waits on the registration the socket already has.
-  socket_.async_read_some(buffer_.prepare(kFirstRead),
-                          [self = shared_from_this()](beast::error_code ec, std::size_t n) {
-                            if (ec || self->phase_ == Phase::kClosed) return self->close();
-                            self->buffer_.commit(n);
-                            self->read_request();
-                          });
+  switch (receive(kFirstRead)) {
+    case Received::kSome: return read_request();
+    case Received::kNothing: return;  // the poller calls again when the next request begins
+    case Received::kEnd:
+    case Received::kFailed: return close();
+  }
 }
 
 void Session::read_request() {
@@ -78,13 +172,38 @@ void Session::read_request() {
   started_ = Clock::now();  // latency counts from the request's first byte
   // The whole request must arrive within read_timeout of its first byte: a client trickling
   // its headers is closed by the sweep.
-  deadline_ = Clock::now() + io_.server.options.read_timeout();
+  deadline_ = started_ + io_.server.options.read_timeout();
   parser_.emplace();
   parser_->header_limit(static_cast<uint32_t>(io_.server.options.max_header_bytes()));
   parser_->body_limit(io_.server.options.max_body_bytes());
-  bh::async_read(
-      socket_, buffer_, *parser_,
-      [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
+  parser_->eager(true);
+  parse();
+}
+
+void Session::parse() {
+  for (;;) {
+    beast::error_code ec;
+    if (buffer_.size() > 0) {
+      std::size_t used = parser_->put(buffer_.data(), ec);
+      buffer_.consume(used);
+      if (ec != bh::error::need_more) {
+        if (ec || parser_->is_done()) return on_read(ec);
+        if (used > 0) continue;
+      }
+    }
+    // More is needed: what the buffer has room for, at least kFirstRead, at most 64 KiB.
+    std::size_t want = std::clamp<std::size_t>(buffer_.capacity() - buffer_.size(), kFirstRead,
+                                               std::size_t{64} << 10);
+    switch (receive(want)) {
+      case Received::kSome: continue;
+      case Received::kNothing: return;  // the poller calls again when more arrives
+      case Received::kEnd:
+        if (!parser_->got_some()) return on_read(bh::error::end_of_stream);
+        parser_->put_eof(ec);  // a message whose end is the connection's end, or a cut one
+        return on_read(ec);    // done: answered, and the next read finds the end
+      case Received::kFailed: return on_read(beast::error_code(errno, beast::system_category()));
+    }
+  }
 }
 
 void Session::on_read(beast::error_code ec) {
@@ -144,11 +263,7 @@ void Session::dispatch() {
   if (const WebSocketBridge* ws = io_.server.websocket.get();
       ws != nullptr && target.substr(0, target.find('?')) == ws->options().path()) {
     route_ = io_.server.unmatched;
-    if (*method == Method::kGet && upgrade(io_, socket_, *parser_)) {
-      phase_ = Phase::kClosed;  // the socket is the WebSocket's now
-      deadline_.reset();
-      return;
-    }
+    if (*method == Method::kGet && upgrade(io_, *parser_, [this] { return hand_over(); })) return;
     return write(Reply::error(426, "upgrade_required",
                               "GET " + ws->options().path() + " is a WebSocket: send an upgrade"),
                  nullptr);
@@ -223,31 +338,69 @@ void Session::answer(uint64_t ticket, Reply&& reply) {
 }
 
 void Session::write(Reply&& reply, const std::string* allow) {
-  io_.counters[route_]->record(reply.status, Clock::now() - started_);
+  if (reply.status < 100 || reply.status > 999) {
+    reply = Reply::error(500, "internal",
+                         "the route answered with status " + std::to_string(reply.status) +
+                             ", which is not an HTTP status code");
+  }
+  Clock::time_point now = Clock::now();
+  io_.counters[route_]->record(reply.status, now - started_);
   bump(io_.io.requests);
-  response_ = {};
-  response_.version(version_);
-  response_.result(reply.status);
-  response_.set(bh::field::content_type, reply.content_type);
-  if (allow != nullptr) response_.set(bh::field::allow, *allow);
-  for (const auto& [name, value] : reply.headers) response_.set(name, value);
-  bool keep = keep_alive_ && !close_after_ && !io_.draining;
-  response_.keep_alive(keep);
-  response_.body() = std::move(reply.body);
-  response_.prepare_payload();
-  // HEAD: the headers GET would send (Content-Length included), no body.
-  if (head_) response_.body().clear();
+  keep_open_ = keep_alive_ && !close_after_ && !io_.draining;
+  format(reply, allow);
+  sent_ = 0;
   phase_ = Phase::kWriting;
-  deadline_ = Clock::now() + io_.server.options.write_timeout();
-  bh::async_write(
-      socket_, response_,
-      [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_write(ec); });
+  deadline_ = now + io_.server.options.write_timeout();
+  send();
 }
 
-void Session::on_write(beast::error_code ec) {
-  if (phase_ == Phase::kClosed) return;
-  if (ec || !response_.keep_alive()) return close();
-  wait_for_request();
+void Session::format(const Reply& reply, const std::string* allow) {
+  // The response head is written straight into the connection's buffer (kept between
+  // requests): Beast's message fields cost an allocation per field and per response.
+  auto sv = [](beast::string_view v) { return absl::string_view(v.data(), v.size()); };
+  out_.clear();
+  absl::StrAppend(&out_, "HTTP/", version_ / 10, ".", version_ % 10, " ", reply.status, " ",
+                  sv(bh::obsolete_reason(bh::int_to_status(reply.status))),
+                  "\r\nContent-Type: ", reply.content_type, "\r\n");
+  if (allow != nullptr) absl::StrAppend(&out_, "Allow: ", *allow, "\r\n");
+  for (const auto& [name, value] : reply.headers) {
+    if (!header_allowed(name, value)) continue;
+    absl::StrAppend(&out_, name, ": ", value, "\r\n");
+  }
+  // 1xx, 204 and 304 have no body, and no Content-Length (RFC 9110, 8.6).
+  bool bodyless = reply.status < 200 || reply.status == 204 || reply.status == 304;
+  if (!bodyless) absl::StrAppend(&out_, "Content-Length: ", reply.body.size(), "\r\n");
+  if (version_ >= 11 && !keep_open_) out_ += "Connection: close\r\n";
+  if (version_ < 11 && keep_open_) out_ += "Connection: keep-alive\r\n";
+  out_ += "\r\n";
+  // HEAD: the headers GET would send (Content-Length included), no body.
+  if (!bodyless && !head_) out_ += reply.body;
+}
+
+void Session::send() {
+  while (writable_) {
+    ssize_t n = ::send(fd_, out_.data() + sent_, out_.size() - sent_, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      return close();  // reset, ...
+    }
+    sent_ += static_cast<std::size_t>(n);
+    if (sent_ == out_.size()) {
+      if (out_.capacity() > kKeptOut) out_ = std::string();  // a large reply: let it go
+      if (!keep_open_) return close();
+      return wait_for_request();
+    }
+  }
+  writable_ = false;  // the socket is full: the poller calls again when there is room
+}
+
+tcp::socket Session::hand_over() {
+  io_.unwatch(fd_);
+  tcp::socket socket = adopt(io_.ioc, fd_);
+  fd_ = -1;  // the WebSocket's now
+  close();
+  return socket;
 }
 
 // ==== IoThread
@@ -299,6 +452,11 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
   ws_hub.reset(make_ws_hub());
   wake_.emplace(ioc, ::dup(inbox_->fd()));
   wait_for_wake();
+  int poller = ::epoll_create1(EPOLL_CLOEXEC);
+  if (poller < 0)
+    throw std::system_error(errno, std::system_category(), "bus::http: epoll_create1");
+  poller_.emplace(ioc, poller);
+  wait_for_connections();
   accept();
   sweep();
   {
@@ -323,6 +481,7 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
   inbox_.reset();
   ioc.poll();
   wake_.reset();
+  poller_.reset();
   std::lock_guard lock(server.mu);
   --server.running;
   server.cv.notify_all();
@@ -337,8 +496,22 @@ void IoThread::shutdown() {
 }
 
 void IoThread::accept() {
-  acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
+  // Waits for the listening socket, then takes what waits in its backlog, a bounded number per
+  // round (like nginx's multi_accept): one accept per pass of the event loop would leave a burst
+  // of new connections (10,000 at once) waiting behind every active one for many passes.
+  acceptor_.async_wait(tcp::acceptor::wait_read, [this](beast::error_code ec) {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    for (int i = 0; !ec && i <= kAcceptBurst && acceptor_.is_open(); ++i) {
+      int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd >= 0) {
+        admit(fd);
+        continue;
+      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      // The connection went before it was taken: the next one.
+      if (errno == ECONNABORTED || errno == EINTR || errno == EPROTO) continue;
+      ec.assign(errno, beast::system_category());
+    }
     if (ec) {
       // Out of descriptors or memory: try again shortly rather than spin on the error.
       std::fprintf(stderr, "bus::http: accept failed: %s\n", ec.message().c_str());
@@ -348,32 +521,21 @@ void IoThread::accept() {
       });
       return;
     }
-    admit(std::move(socket));
-    // Take what else waits in the backlog now (like nginx's multi_accept), a bounded number per
-    // round: one accept per pass of the event loop leaves a burst of new connections (10,000 at
-    // once) waiting behind every active one for many passes, their first requests unread.
-    for (int i = 0; i < kAcceptBurst && acceptor_.is_open(); ++i) {
-      tcp::socket more(acceptor_.get_executor());
-      beast::error_code again;
-      acceptor_.accept(more, again);  // the acceptor is non-blocking: would_block ends it
-      if (again) break;
-      admit(std::move(more));
-    }
     accept();
   });
 }
 
-void IoThread::admit(tcp::socket socket) {
+void IoThread::admit(int fd) {
   if (server.open.fetch_add(1, std::memory_order_relaxed) >= server.options.max_connections()) {
     server.open.fetch_sub(1, std::memory_order_relaxed);
-    refuse(std::move(socket));
+    refuse(fd);
   } else {
     bump(io.accepted);
-    std::make_shared<Session>(*this, std::move(socket))->start();
+    std::make_shared<Session>(*this, fd)->start();
   }
 }
 
-void IoThread::refuse(tcp::socket socket) {
+void IoThread::refuse(int fd) {
   static const std::string kRefusal = [] {
     Reply r = Reply::error(503, "unavailable", "too many connections; try again later");
     return "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -381,12 +543,45 @@ void IoThread::refuse(tcp::socket socket) {
            std::to_string(r.body.size()) + "\r\nConnection: close\r\n\r\n" + r.body;
   }();
   bump(io.refused);
-  auto s = std::make_shared<tcp::socket>(std::move(socket));
+  auto s = std::make_shared<tcp::socket>(adopt(ioc, fd));
+  if (!s->is_open()) return;
   asio::async_write(*s, asio::buffer(kRefusal), [s](beast::error_code, std::size_t) {
     beast::error_code ignored;
     s->shutdown(tcp::socket::shutdown_send, ignored);
     s->close(ignored);
   });
+}
+
+bool IoThread::watch(int fd, Session* s) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+  ev.data.ptr = s;
+  return ::epoll_ctl(poller_->native_handle(), EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+void IoThread::unwatch(int fd) {
+  ::epoll_ctl(poller_->native_handle(), EPOLL_CTL_DEL, fd, nullptr);
+}
+
+void IoThread::wait_for_connections() {
+  // Asio re-arms its registration of the poller for each wait, which also reports events this
+  // round left in the poller.
+  poller_->async_wait(asio::posix::stream_descriptor::wait_read, [this](beast::error_code ec) {
+    if (ec) return;
+    poll_connections();
+    wait_for_connections();
+  });
+}
+
+void IoThread::poll_connections() {
+  // A round is short: its requests go to the executors together when it ends (batch_round), and
+  // their replies are sent between rounds. 256 events per round kept requests 9 ms on average
+  // at 10,000 busy connections on one core shared with the executor; 32 kept them under 1 ms.
+  std::array<epoll_event, kRound> events;
+  int n = ::epoll_wait(poller_->native_handle(), events.data(), kRound, 0);
+  // A session closed while this round runs stays alive until the round's end (Session::close).
+  for (int i = 0; i < n; ++i)
+    static_cast<Session*>(events[i].data.ptr)->on_events(events[i].events);
 }
 
 void IoThread::wait_for_wake() {
@@ -399,7 +594,8 @@ void IoThread::wait_for_wake() {
 }
 
 bool IoThread::admit(Session& s) {
-  if (in_flight_ < server.options.max_in_flight()) {
+  // Behind the waiting ones, if any: turns are taken in order.
+  if (in_flight_ < server.options.max_in_flight() && waiting_.empty()) {
     ++in_flight_;
     return true;
   }
@@ -410,21 +606,21 @@ bool IoThread::admit(Session& s) {
 
 void IoThread::finished_one() {
   --in_flight_;
-  while (!waiting_.empty() && in_flight_ < server.options.max_in_flight()) {
-    std::shared_ptr<Session> next = std::move(waiting_.front());
-    waiting_.pop_front();
+  if (waiting_.empty() || waiters_posted_) return;
+  // The waiting requests go from a fresh handler, all that fit in one: a route answering at
+  // once would otherwise nest a call per waiter, and a handler per waiter costs a post each.
+  waiters_posted_ = true;
+  asio::post(ioc, [this] {
+    waiters_posted_ = false;
+    while (!waiting_.empty() && in_flight_ < server.options.max_in_flight()) {
+      std::shared_ptr<Session> next = std::move(waiting_.front());
+      waiting_.pop_front();
+      if (next->phase() != Session::Phase::kQueued) continue;  // closed while it waited
+      ++in_flight_;
+      next->invoke();
+    }
     io.waiting.store(waiting_.size(), std::memory_order_relaxed);
-    if (next->phase() != Session::Phase::kQueued) continue;  // closed while it waited
-    ++in_flight_;
-    // Posted, not called: a route answering at once would otherwise nest one call per waiter.
-    asio::post(ioc, [next] {
-      if (next->phase() == Session::Phase::kQueued) {
-        next->invoke();
-      } else {
-        next->io().finished_one();
-      }
-    });
-  }
+  });
 }
 
 void IoThread::batch_round() {

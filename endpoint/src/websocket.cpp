@@ -577,7 +577,8 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
   std::size_t pending_calls_ = 0;
 };
 
-bool upgrade(IoThread& io, tcp::socket& socket, bh::request_parser<bh::string_body>& parser) {
+bool upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
+             const std::function<tcp::socket()>& take) {
   auto& msg = parser.get();
   if (!websocket::is_upgrade(msg)) return false;
   bool binary = false;
@@ -587,7 +588,7 @@ bool upgrade(IoThread& io, tcp::socket& socket, bh::request_parser<bh::string_bo
     if (absl::StripAsciiWhitespace(part) == av(kBinaryProtocol)) binary = true;
   }
   io.server.open.fetch_add(1, std::memory_order_relaxed);
-  std::make_shared<WsSession>(io, std::move(socket), binary)->start(parser.release());
+  std::make_shared<WsSession>(io, take(), binary)->start(parser.release());
   return true;
 }
 

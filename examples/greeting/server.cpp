@@ -26,6 +26,9 @@ ABSL_FLAG(unsigned, io_threads, 1, "HTTP I/O threads");
 ABSL_FLAG(unsigned, executors, 1, "bus executors");
 ABSL_FLAG(int, spin_us, 50, "how long an idle executor spins before it parks (microseconds)");
 ABSL_FLAG(size_t, max_connections, 20000, "open connections allowed");
+ABSL_FLAG(size_t, max_in_flight, 256,
+          "requests one I/O thread has out to the bus at most (more wait their turn)");
+ABSL_FLAG(size_t, ring_kib, 64, "ring size between two threads of the bus, KiB");
 ABSL_FLAG(bool, direct, false, "answer on the I/O thread, without the bus");
 ABSL_FLAG(std::string, peers, "",
           "publish endpoints of nodes serving the endpoints (empty: serve them here)");
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bus::Bus bus(bus::Options()
                    .executors(absl::GetFlag(FLAGS_executors))
+                   .ring_bytes(absl::GetFlag(FLAGS_ring_kib) << 10)
                    .spin(std::chrono::microseconds(absl::GetFlag(FLAGS_spin_us))));
 
   std::unique_ptr<bus::net::Node> node;
@@ -60,6 +64,7 @@ int main(int argc, char** argv) {
                      .port(absl::GetFlag(FLAGS_port))
                      .io_threads(absl::GetFlag(FLAGS_io_threads))
                      .max_connections(absl::GetFlag(FLAGS_max_connections))
+                     .max_in_flight(absl::GetFlag(FLAGS_max_in_flight))
                      .node(node.get());
   bus::http::Server http(bus, options);
   using bus::http::Method;

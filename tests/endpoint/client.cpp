@@ -99,6 +99,10 @@ void Connection::close() {
   fd_ = -1;
 }
 
+void Connection::shutdown_send() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
+}
+
 uint16_t Connection::local_port() const {
   sockaddr_in a{};
   socklen_t len = sizeof a;

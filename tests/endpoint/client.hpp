@@ -85,6 +85,8 @@ class Connection {
 
   /// Closes the client side.
   void close();
+  /// Ends what the client sends (a FIN) and keeps reading.
+  void shutdown_send();
 
  private:
   /// Reads more bytes into pending_: >0 read, 0 end of stream, -1 error or timeout.

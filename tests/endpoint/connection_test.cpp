@@ -385,3 +385,66 @@ TEST(Connections, TwoIoThreadsBothServeRequests) {
                    R"(bus_http_requests_total{method="GET",route="/greeting/{name}",code="200"})"),
             kConnections);
 }
+
+TEST(Connections, ReplyLargerThanTheSocketBuffersArrivesWholeAndTheConnectionGoesOn) {
+  bus::Bus bus{bus::Options().executors(1)};
+  Server http(bus);
+  // 16 MiB: the server's writes fill the socket and resume when the client has read some.
+  std::string big(16 << 20, 'x');
+  for (std::size_t i = 0; i < big.size(); i += 4096)
+    big[i] = static_cast<char>('a' + i / 4096 % 26);
+  http.handle(Method::kGet, "/big", [&big](const Request&) { return Reply::text(big); });
+  http.handle(Method::kGet, "/small", [](const Request&) { return Reply::text("small"); });
+  http.start();
+
+  Connection c(http.port());
+  for (int i = 0; i < 2; ++i) {
+    auto r = c.request("GET", "/big");
+    ASSERT_EQ(r.status, 200u) << describe(r);
+    EXPECT_EQ(r.body.size(), big.size());
+    EXPECT_TRUE(r.body == big) << "the body arrived changed";
+  }
+  auto r = c.request("GET", "/small");
+  EXPECT_EQ(r.status, 200u) << describe(r);
+  EXPECT_EQ(r.body, "small");
+  EXPECT_EQ(http.stats().connections_accepted, 1u);
+}
+
+TEST(Connections, ManyPipelinedRequestsInOneWriteAreAllAnsweredInOrder) {
+  bus::Bus bus{bus::Options().executors(1)};
+  Server http(bus);
+  // Answered on the I/O thread at once: each answer is written before the next request is read.
+  http.handle(Method::kGet, "/n/{i}",
+              [](const Request& r) { return Reply::text(std::string(*r.param("i"))); });
+  http.start();
+
+  constexpr int kRequests = 2000;
+  std::string burst;
+  for (int i = 0; i < kRequests; ++i) {
+    burst += "GET /n/" + std::to_string(i) + " HTTP/1.1\r\nHost: x\r\n\r\n";
+  }
+  Connection c(http.port());
+  ASSERT_TRUE(c.write_raw(burst));
+  for (int i = 0; i < kRequests; ++i) {
+    auto r = c.read();
+    ASSERT_EQ(r.status, 200u) << "request " << i << ": " << describe(r);
+    ASSERT_EQ(r.body, std::to_string(i));
+  }
+  EXPECT_EQ(http.stats().requests, static_cast<uint64_t>(kRequests));
+}
+
+TEST(Connections, ClientThatEndsItsSideAfterTheRequestStillGetsTheAnswer) {
+  Services services;
+  Server http(services.bus);
+  http.route(Method::kGet, "/greeting/{name}", greet);
+  http.start();
+
+  Connection c(http.port());
+  ASSERT_TRUE(c.send("GET", "/greeting/last"));
+  c.shutdown_send();
+  auto r = c.read();
+  ASSERT_EQ(r.status, 200u) << describe(r);
+  EXPECT_EQ(r.body, R"({"message":"Hello last"})");
+  EXPECT_TRUE(c.closed_by_peer());  // and then the server closes its side
+  EXPECT_TRUE(bus_test::eventually([&] { return http.stats().connections_open == 0; }));
+}

@@ -200,3 +200,65 @@ TEST(DeadlineErrors, ServerDeadlineAppliesWhenTheRouteSetsNone) {
   blocker.gate.open();
   ASSERT_TRUE(bus_test::eventually([&] { return blocker.left.load() == 1; }));
 }
+
+TEST(Replies, HeaderFieldsThatWouldInjectOrOverrideTheServersAreNotSent) {
+  bus::Bus bus{bus::Options().executors(1)};
+  Server http(bus);
+  http.handle(Method::kGet, "/h", [](const Request&) {
+    Reply r = Reply::text("body");
+    r.headers = {{"X-Kept", "yes"},       {"X-Injected", "a\r\nSet-Cookie: stolen=1"},
+                 {"Bad\r\nName", "v"},    {"Content-Length", "999"},
+                 {"connection", "close"}, {"Retry-After", "7"}};
+    return r;
+  });
+  http.start();
+
+  http_test::Connection c(http.port());
+  auto r = c.request("GET", "/h");
+  ASSERT_EQ(r.status, 200u) << describe(r);
+  EXPECT_EQ(r.body, "body");
+  EXPECT_EQ(r.header("X-Kept"), "yes");
+  EXPECT_EQ(r.header("Retry-After"), "7");
+  EXPECT_FALSE(r.has_header("X-Injected"));
+  EXPECT_FALSE(r.has_header("Set-Cookie"));
+  EXPECT_EQ(r.header("Content-Length"), "4");
+  EXPECT_FALSE(r.has_header("Connection"));
+  // The connection is still framed right and open.
+  EXPECT_EQ(c.request("GET", "/h").body, "body");
+}
+
+TEST(Replies, NoContentHasNeitherBodyNorContentLength) {
+  bus::Bus bus{bus::Options().executors(1)};
+  Server http(bus);
+  http.handle(Method::kGet, "/none", [](const Request&) {
+    return Reply{204, "text/plain", "dropped", {}};
+  });
+  http.handle(Method::kGet, "/after", [](const Request&) { return Reply::text("after"); });
+  http.start();
+
+  http_test::Connection c(http.port());
+  ASSERT_TRUE(c.send("GET", "/none"));
+  ASSERT_TRUE(c.send("GET", "/after"));
+  auto r = c.read();
+  EXPECT_EQ(r.status, 204u) << describe(r);
+  EXPECT_EQ(r.body, "");
+  EXPECT_FALSE(r.has_header("Content-Length"));
+  auto next = c.read();  // framed right: the next response follows at once
+  EXPECT_EQ(next.status, 200u) << describe(next);
+  EXPECT_EQ(next.body, "after");
+}
+
+TEST(Replies, StatusOutsideTheHttpRangeIsA500) {
+  bus::Bus bus{bus::Options().executors(1)};
+  Server http(bus);
+  http.handle(Method::kGet, "/odd", [](const Request&) {
+    return Reply{1000, "text/plain", "x", {}};
+  });
+  http.start();
+
+  auto r = get(http.port(), "/odd");
+  EXPECT_EQ(r.status, 500u) << describe(r);
+  EXPECT_EQ(r.body, error_json("internal",
+                               "the route answered with status 1000, which is not an HTTP status "
+                               "code"));
+}
