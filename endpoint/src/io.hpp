@@ -234,16 +234,14 @@ class IoThread {
   static constexpr int kRound = 32;
   /// Connections accepted per accept completion at most, beyond the first.
   static constexpr int kAcceptBurst = 1024;
-  void wait_for_wake();
   void sweep();
   void begin_shutdown();
 
   tcp::acceptor acceptor_{ioc};
   uint16_t port_ = 0;
   std::optional<ExternalInbox> inbox_;
-  std::optional<asio::posix::stream_descriptor> wake_;
-  // The connection poller: an epoll set of the HTTP connections' sockets, itself watched by
-  // Asio's reactor.
+  // The connection poller: an epoll set of the HTTP connections' sockets and the inbox's
+  // eventfd, itself watched by Asio's reactor.
   std::optional<asio::posix::stream_descriptor> poller_;
   asio::steady_timer bus_timer_{ioc};
   std::optional<Clock::time_point> bus_timer_at_;

@@ -1,6 +1,7 @@
 // JSON <-> Cap'n Proto through Cap'n Proto's JSON codec (capnp-json).
 #include "bus/http/json.hpp"
 
+#include <absl/container/inlined_vector.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <capnp/compat/json.h>
@@ -92,7 +93,7 @@ absl::Status fill(const Request& req, capnp::DynamicStruct::Builder out) {
       capnp::StructSchema::Field field;
       std::string_view name, value;
     };
-    std::vector<Param> params;
+    absl::InlinedVector<Param, 4> params;
     auto take = [&](const Request::Fields& fields) {
       for (const auto& [k, v] : fields) {
         KJ_IF_MAYBE (f, schema.findFieldByName(kj::StringPtr(k.c_str()))) {

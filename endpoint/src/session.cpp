@@ -15,7 +15,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
 #include <cstdio>
-#include <system_error>
+#include <cstring>
 
 #include "io.hpp"
 
@@ -441,6 +441,12 @@ void IoThread::start(const tcp::endpoint& at, std::mutex& mu, std::condition_var
                              " (is the port taken? choose another with ServerOptions::port)");
   }
   port_ = acceptor_.local_endpoint().port();
+  int poller = ::epoll_create1(EPOLL_CLOEXEC);
+  if (poller < 0) {
+    throw std::runtime_error(std::string("bus::http: epoll_create1 failed: ") +
+                             std::strerror(errno));
+  }
+  poller_.emplace(ioc, poller);
   thread_ = std::thread([this, &mu, &cv, &ready] { run(mu, cv, ready); });
 }
 
@@ -450,12 +456,15 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
   pthread_setname_np(pthread_self(), name);
   inbox_.emplace(server.bus);  // this thread's bus inbox: replies to its requests come here
   ws_hub.reset(make_ws_hub());
-  wake_.emplace(ioc, ::dup(inbox_->fd()));
-  wait_for_wake();
-  int poller = ::epoll_create1(EPOLL_CLOEXEC);
-  if (poller < 0)
-    throw std::system_error(errno, std::system_category(), "bus::http: epoll_create1");
-  poller_.emplace(ioc, poller);
+  // The inbox's eventfd is in the connection poller too (its events carry no session): replies
+  // are taken in the same rounds as the connections' events, without a wait of their own.
+  epoll_event wake{};
+  wake.events = EPOLLIN | EPOLLET;
+  wake.data.ptr = nullptr;
+  if (::epoll_ctl(poller_->native_handle(), EPOLL_CTL_ADD, inbox_->fd(), &wake) != 0) {
+    std::fprintf(stderr, "bus::http: cannot watch the inbox: %s\n", std::strerror(errno));
+    std::abort();  // the thread could never hear its replies
+  }
   wait_for_connections();
   accept();
   sweep();
@@ -478,9 +487,9 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
   ioc.poll();
   ws_hub.reset();  // its bus subscriptions, before the inbox they run on
   batch_.reset();
+  ::epoll_ctl(poller_->native_handle(), EPOLL_CTL_DEL, inbox_->fd(), nullptr);
   inbox_.reset();
   ioc.poll();
-  wake_.reset();
   poller_.reset();
   std::lock_guard lock(server.mu);
   --server.running;
@@ -580,17 +589,14 @@ void IoThread::poll_connections() {
   std::array<epoll_event, kRound> events;
   int n = ::epoll_wait(poller_->native_handle(), events.data(), kRound, 0);
   // A session closed while this round runs stays alive until the round's end (Session::close).
-  for (int i = 0; i < n; ++i)
-    static_cast<Session*>(events[i].data.ptr)->on_events(events[i].events);
-}
-
-void IoThread::wait_for_wake() {
-  wake_->async_wait(asio::posix::stream_descriptor::wait_read, [this](beast::error_code ec) {
-    if (ec) return;
-    inbox_->drain();  // replies: their Responders start the writes
-    arm_bus_timer();
-    wait_for_wake();
-  });
+  for (int i = 0; i < n; ++i) {
+    if (auto* s = static_cast<Session*>(events[i].data.ptr)) {
+      s->on_events(events[i].events);
+    } else if (inbox_) {
+      inbox_->drain();  // replies: their Responders start the writes
+      arm_bus_timer();
+    }
+  }
 }
 
 bool IoThread::admit(Session& s) {

@@ -239,12 +239,14 @@ Route<Req, Rep> Server::route(Method method, std::string_view path,
         return respond(detail::rate_limited(st->limiter->name(), d.retry_after));
       }
     }
-    absl::StatusOr<Req> r = absl::InternalError("unset");
-    try {
-      r = st->in(req);
-    } catch (const std::exception& e) {
-      r = absl::InvalidArgumentError(e.what());
-    }
+    // Built in place (a placeholder status with a message would allocate per request).
+    absl::StatusOr<Req> r = [&]() -> absl::StatusOr<Req> {
+      try {
+        return st->in(req);
+      } catch (const std::exception& e) {
+        return absl::InvalidArgumentError(e.what());
+      }
+    }();
     if (!r.ok()) return respond(Reply::failure(r.status()));
     auto timeout = st->timeout.count() > 0 ? st->timeout : fallback;
     bus->request(st->endpoint, std::move(*r), timeout,
