@@ -58,7 +58,7 @@ struct WsCounters {
 /// with an epoll_ctl re-arm, one syscall per request more than needed (a third of the syscalls
 /// of a keep-alive request, measured at 10,000 connections). Like nginx, a recv that returns
 /// less than it asked for means the socket is drained until its next edge. Beast still parses
-/// the requests and serializes the responses.
+/// the requests; the responses are formatted into out_.
 ///
 /// The I/O thread owns an open session (`self_`); an unanswered Responder or a queued turn keeps
 /// a closed one alive until it lets go.
@@ -232,7 +232,7 @@ class IoThread {
   /// Takes the ready connections' events (kRound at most) to their sessions.
   void poll_connections();
   static constexpr int kRound = 32;
-  /// Connections accepted per accept completion at most, beyond the first.
+  /// Connections accepted per wakeup of the listening socket at most, beyond the first.
   static constexpr int kAcceptBurst = 1024;
   void sweep();
   void begin_shutdown();
