@@ -86,7 +86,10 @@ tcp::socket adopt(asio::io_context& ioc, int fd) {
 Session::Session(IoThread& io, int fd) : io_(io), fd_(fd) { io_.sessions.insert(this); }
 
 Session::~Session() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0) {
+    io_.unwatch(fd_);
+    ::close(fd_);
+  }
   io_.forget(this);
 }
 
@@ -104,8 +107,12 @@ void Session::close() {
   phase_ = Phase::kClosed;
   deadline_.reset();
   if (fd_ >= 0) {
+    // Leave the poller explicitly: close() alone leaves it only when no other descriptor refers
+    // to the socket, and a fork() elsewhere in the process (a child before its exec) holds one
+    // for a while: its events would then come for a session that is gone.
+    io_.unwatch(fd_);
     ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);  // also leaves the poller
+    ::close(fd_);
     fd_ = -1;
   }
   // Let go after the current handler: the poller may still hold this round's events for it.
@@ -569,7 +576,7 @@ bool IoThread::watch(int fd, Session* s) {
 }
 
 void IoThread::unwatch(int fd) {
-  ::epoll_ctl(poller_->native_handle(), EPOLL_CTL_DEL, fd, nullptr);
+  if (poller_) ::epoll_ctl(poller_->native_handle(), EPOLL_CTL_DEL, fd, nullptr);
 }
 
 void IoThread::wait_for_connections() {
