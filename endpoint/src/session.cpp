@@ -6,14 +6,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
 #include <boost/asio/write.hpp>
-#include <boost/beast/http/read.hpp>
-#include <boost/beast/http/write.hpp>
 #include <cstdio>
 #include <cstring>
 
@@ -86,10 +83,7 @@ tcp::socket adopt(asio::io_context& ioc, int fd) {
 Session::Session(IoThread& io, int fd) : io_(io), fd_(fd) { io_.sessions.insert(this); }
 
 Session::~Session() {
-  if (fd_ >= 0) {
-    io_.unwatch(fd_);
-    ::close(fd_);
-  }
+  close();  // a no-op unless the session never got to close its socket
   io_.forget(this);
 }
 
@@ -597,19 +591,15 @@ void IoThread::poll_connections() {
   int n = ::epoll_wait(poller_->native_handle(), events.data(), kRound, 0);
   // Replies first, every round: the eventfd's event may wait behind thousands of connection
   // events in the poller's ready list, and the answers to the last round's requests are usually
-  // here already (the executor ran when that round's batch woke it).
+  // here already (the executor ran when that round's batch woke it). That drain also answers the
+  // eventfd's own event, when this round holds it.
   if (inbox_ && n > 0) {
-    inbox_->drain();
+    inbox_->drain();  // replies: their Responders start the writes
     arm_bus_timer();
   }
   // A session closed while this round runs stays alive until the round's end (Session::close).
   for (int i = 0; i < n; ++i) {
-    if (auto* s = static_cast<Session*>(events[i].data.ptr)) {
-      s->on_events(events[i].events);
-    } else if (inbox_) {
-      inbox_->drain();  // replies: their Responders start the writes
-      arm_bus_timer();
-    }
+    if (auto* s = static_cast<Session*>(events[i].data.ptr)) s->on_events(events[i].events);
   }
 }
 
