@@ -31,10 +31,8 @@ Inbox::~Inbox() {
   adopt_rings();
   // Records nobody will run (an external loop that stopped draining): destroy their payloads.
   for (auto& r : rings_) {
-    r->consume(SIZE_MAX, [](uint64_t* rec) {
-      auto* t = reinterpret_cast<Target*>(rec[0]);
-      t->ops->destroy(rec + 1);
-      return t->ops->words;
+    r->consume_runs(SIZE_MAX, [](Target* t, uint64_t* payload, uint32_t stride, std::size_t n) {
+      for (std::size_t i = 0; i < n; ++i) t->ops->destroy(payload + i * stride);
     });
     r->release();
   }
@@ -73,10 +71,9 @@ void Inbox::wake() {
   futex_wake_all(sleeping_);
 }
 
-void Inbox::invoke(uint64_t* record) {
-  auto* t = reinterpret_cast<Target*>(record[0]);
+void Inbox::invoke(Target* t, uint64_t* payload) {
   try {
-    t->invoke(t, record + 1, *this);
+    t->invoke(t, payload, *this);
   } catch (...) {
     // Targets count their own handler failures; this is a posted closure or a reply callback.
     core_.log_once(UINT32_MAX, "callback",
@@ -87,14 +84,13 @@ void Inbox::invoke(uint64_t* record) {
 
 std::size_t Inbox::drain_ring(Ring& r) {
   return r.consume_runs(kBatch,
-                        [this](uint64_t header, uint64_t* rec, uint32_t words, std::size_t count) {
-                          auto* t = reinterpret_cast<Target*>(header);
+                        [this](Target* t, uint64_t* payload, uint32_t stride, std::size_t count) {
                           if (count > 1 && t->invoke_run != nullptr) {
-                            // Run targets catch what their handlers throw, per record.
-                            t->invoke_run(t, rec, words, count, *this);
+                            // Run targets catch what their handlers throw, per payload.
+                            t->invoke_run(t, payload, stride, count, *this);
                             return;
                           }
-                          for (std::size_t i = 0; i < count; ++i) invoke(rec + i * words);
+                          for (std::size_t i = 0; i < count; ++i) invoke(t, payload + i * stride);
                         });
 }
 

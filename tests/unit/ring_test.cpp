@@ -239,9 +239,10 @@ uint64_t* put_for(Ring& ring, const bus::detail::Target& t, uint64_t value) {
 
 std::vector<RecordRun> runs(Ring& ring, std::size_t max) {
   std::vector<RecordRun> out;
-  ring.consume_runs(max, [&](uint64_t header, uint64_t* rec, uint32_t words, std::size_t count) {
-    out.push_back({reinterpret_cast<const bus::detail::Target*>(header), rec, words, count});
-  });
+  ring.consume_runs(
+      max, [&](bus::detail::Target* t, uint64_t* payload, uint32_t stride, std::size_t count) {
+        out.push_back({t, payload - 1, stride, count});  // `first`: the first record's header
+      });
   return out;
 }
 
@@ -287,6 +288,78 @@ TEST(Ring, ConsumeRunsStopsAtMaxAndAtTheBuffersEnd) {
   EXPECT_EQ(r[0].count, 2u);
   EXPECT_EQ(r[1].count, 1u);
   EXPECT_EQ(r[1].first, first);
+}
+
+// Run records: sends to one target between two publishes share one header, their payloads back
+// to back; the run closes at a publish, at another record, at kMaxRun and before the buffer's end.
+
+/// Appends a payload of `t` holding `value` to its open run, or starts a run record.
+uint64_t* put_run(Ring& ring, const bus::detail::Target& t, uint64_t value) {
+  uint32_t pw = t.ops->words - 1;
+  auto header = reinterpret_cast<uint64_t>(&t);
+  if (uint64_t* at = ring.extend_at(header, pw)) {
+    for (uint32_t k = 0; k < pw; ++k) at[k] = value;
+    ring.extended(pw);
+    return at;
+  }
+  uint64_t* at = ring.try_reserve(pw + 1);
+  if (at == nullptr) return nullptr;
+  at[0] = header;
+  for (uint32_t k = 1; k <= pw; ++k) at[k] = value;
+  ring.commit_run(at, pw + 1);
+  return at + 1;
+}
+
+TEST(Ring, SendsToOneTargetShareARunRecordUntilThePublish) {
+  Ring ring(1024, nullptr, nullptr);
+  uint64_t* a = put_run(ring, target_a, 1);
+  for (uint64_t v = 2; v <= 5; ++v) EXPECT_EQ(put_run(ring, target_a, v), a + (v - 1));
+  uint64_t* b = put_run(ring, target_b, 6);  // another target: a new record
+  put_run(ring, target_b, 7);
+  uint64_t* a2 = put_run(ring, target_a, 8);  // back to a: a new record too
+  ring.publish();
+  uint64_t* a3 = put_run(ring, target_a, 9);  // after the publish: a new record, not yet visible
+  EXPECT_NE(a3, a2 + 1);
+  EXPECT_EQ(a[-1] >> bus::detail::kRunShift, 4u);  // the header counts the payloads beyond one
+  EXPECT_EQ(runs(ring, SIZE_MAX),
+            (std::vector<RecordRun>{
+                {&target_a, a - 1, 1, 5}, {&target_b, b - 1, 2, 2}, {&target_a, a2 - 1, 2, 1}}));
+  for (uint64_t v = 1; v <= 5; ++v) EXPECT_EQ(a[v - 1], v);
+  EXPECT_EQ(b[2], 7u);
+  EXPECT_EQ(b[3], 7u);
+  ring.publish();
+  EXPECT_EQ(runs(ring, SIZE_MAX), (std::vector<RecordRun>{{&target_a, a3 - 1, 2, 1}}));
+  ring.release();
+  EXPECT_EQ(ring.depth_words(), 0u);
+}
+
+TEST(Ring, ARunRecordEndsAtMaxRunAndBeforeTheBuffersEnd) {
+  Ring ring(1024, nullptr, nullptr);
+  uint64_t* first = put_run(ring, target_a, 0);
+  for (uint64_t v = 1; v < bus::detail::kMaxRun + 3; ++v) put_run(ring, target_a, v);
+  ring.publish();
+  std::vector<RecordRun> r = runs(ring, SIZE_MAX);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0], (RecordRun{&target_a, first - 1, 1, bus::detail::kMaxRun}));
+  EXPECT_EQ(r[1].count, 3u);
+  EXPECT_EQ(r[1].first[1], uint64_t{bus::detail::kMaxRun});
+  ring.release();
+  // 261 words used. A run from word 1001 on stops at the end; the next payload starts over.
+  while (ring.tail() < 1000) {
+    ASSERT_NE(put_for(ring, target_a, 0), nullptr);
+    ring.publish();
+  }
+  (void)runs(ring, SIZE_MAX);
+  ring.release();
+  uint64_t start = ring.tail();
+  for (uint64_t v = 0; v < 30; ++v) ASSERT_NE(put_run(ring, target_a, v), nullptr);
+  ring.publish();
+  r = runs(ring, SIZE_MAX);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].count, 1024 - start % 1024 - 1);  // up to the end, after its header
+  EXPECT_EQ(r[0].count + r[1].count, 30u);
+  EXPECT_EQ(r[1].first[1], r[0].count);  // the values go on in order
+  ring.release();
 }
 
 }  // namespace

@@ -221,6 +221,11 @@ class Bus {
   absl::Status run_on(detail::Inbox& inbox, F&& fn, bool wait);
   template <class F>
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
+  /// publish() when this thread has no route for the topic, its subscribers changed, or the
+  /// ring is full (the overflow policy).
+  template <class T, class U>
+  [[gnu::noinline]] absl::Status publish_resolving(detail::Producer& p, const Topic<T>& topic,
+                                                   U&& msg);
   /// publish() to several inboxes, or from a bridge thread: out of line.
   template <class T, class U>
   [[gnu::noinline]] absl::Status publish_to_list(
@@ -528,19 +533,43 @@ absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
   detail::Producer& p = c.producer();
   if (!c.enter(p)) [[unlikely]]
     return detail::Core::stopped_status();
+  // The common case, inline: this thread published here before, the topic's subscribers are
+  // still the ones it saw, all on one inbox (so no copy to make), and the ring has room.
+  detail::Producer::Route& r = p.routes[topic.id() % detail::Producer::kRoutes];
+  if (r.channel == topic.id() &&
+      static_cast<const detail::TopicState<T>*>(r.state)->targets.load() == r.list) [[likely]] {
+    auto* t = static_cast<detail::TopicTarget<T>*>(r.target);
+    if (t->live.load(std::memory_order_relaxed) != 0 &&
+        detail::Core::append<T, true>(p, *r.ring, *t->inbox, t, std::forward<U>(msg))) [[likely]] {
+      detail::CounterTable<detail::kProducerCounters>::bump(*r.published);
+      c.leave(p);
+      return absl::OkStatus();
+    }
+  }
+  absl::Status result = publish_resolving(p, topic, std::forward<U>(msg));
+  c.leave(p);
+  return result;
+}
+
+template <class T, class U>
+absl::Status Bus::publish_resolving(detail::Producer& p, const Topic<T>& topic, U&& msg) {
+  detail::Core& c = *core_;
+  auto& st = topic_state(topic);
+  const auto* list = st.targets.load();
   absl::Status result;
-  const auto* list = topic_state(topic).targets.load();
-  if (list != nullptr && list->targets.size() == 1 && !p.bridge) [[likely]] {
-    // The common case, inline: one inbox subscribes (so no copy to make), a plain producer.
+  if (list != nullptr && list->targets.size() == 1 && !p.bridge) {
     detail::TopicTarget<T>* t = list->targets.front();
     if (t->live.load(std::memory_order_relaxed) != 0) {
-      result = c.send<T>(p, *t->inbox, t, topic.overflow(), topic.id(), std::forward<U>(msg));
+      detail::Ring& ring = p.ring_to(*t->inbox);
+      p.routes[topic.id() % detail::Producer::kRoutes] = {
+          topic.id(), &st, list, t, &ring, &p.counters.cell(topic.id(), detail::kPublished)};
+      result = c.send_on<T, true>(p, ring, *t->inbox, t, topic.overflow(), topic.id(),
+                                  std::forward<U>(msg));
     }
   } else if (list != nullptr) {
     result = publish_to_list(p, *list, topic, std::forward<U>(msg));
   }
   if (result.ok()) p.counters.add(topic.id(), detail::kPublished);
-  c.leave(p);
   return result;
 }
 
@@ -555,15 +584,15 @@ absl::Status Bus::publish_to_list(detail::Producer& p,
     if (t->live.load(std::memory_order_relaxed) == 0) continue;
     if (p.bridge && t->inbox == p.own_inbox) continue;  // see Producer
     if (last) {
-      absl::Status s = c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(),
-                                 static_cast<const T&>(msg));
+      absl::Status s = c.send<T, true>(p, *last->inbox, last, topic.overflow(), topic.id(),
+                                       static_cast<const T&>(msg));
       if (!s.ok()) result = std::move(s);
     }
     last = t;
   }
   if (last) {
     absl::Status s =
-        c.send<T>(p, *last->inbox, last, topic.overflow(), topic.id(), std::forward<U>(msg));
+        c.send<T, true>(p, *last->inbox, last, topic.overflow(), topic.id(), std::forward<U>(msg));
     if (!s.ok()) result = std::move(s);
   }
   return result;

@@ -31,8 +31,14 @@ enum class State : int { kRunning, kDraining, kStopped };
 /// waiting to be published, its counters, and (executors only) the records held back while a
 /// destination ring is full.
 struct Producer {
+  /// How a send enters the bus and when its ring is published: kPlainGate, a plain thread
+  /// (stop() waits for its publish, published per send); kExecutorGate, an executor (published
+  /// at its flush); kBatchGate, inside a Batch (entered once, published when it ends).
+  enum Gate : uint8_t { kBatchGate, kExecutorGate, kPlainGate };
+
   Producer(Core& c, std::weak_ptr<Core> w, Inbox* own, bool is_executor)
-      : core(c), weak(std::move(w)), own_inbox(own), executor(is_executor) {}
+      : core(c), weak(std::move(w)), own_inbox(own), executor(is_executor), gate(ungated()) {}
+  Gate ungated() const { return executor ? kExecutorGate : kPlainGate; }
 
   Core& core;
   std::weak_ptr<Core> weak;
@@ -46,8 +52,24 @@ struct Producer {
   std::vector<std::shared_ptr<Ring>> rings;  // by destination inbox index
   std::vector<Ring*> unpublished;
   int batch_depth = 0;
+  Gate gate;                          // kBatchGate while batch_depth > 0
   std::vector<uint32_t> round_robin;  // per channel id
   CounterTable<kProducerCounters> counters;
+
+  /// A topic this thread publishes to whose subscribers are all on one inbox, resolved once: the
+  /// target list it was resolved from (a change of subscribers installs a new list, and the
+  /// route no longer matches), the target, this thread's ring to its inbox and its published
+  /// counter. Direct-mapped by channel id; Bus::publish() fills and checks it.
+  struct alignas(64) Route {  // a power of two: the lookup is a shift
+    uint32_t channel = UINT32_MAX;
+    const void* state = nullptr;  // the channel's TopicState<T>
+    const void* list = nullptr;
+    Target* target = nullptr;
+    Ring* ring = nullptr;
+    std::atomic<uint64_t>* published = nullptr;
+  };
+  static constexpr std::size_t kRoutes = 64;
+  std::array<Route, kRoutes> routes{};
 
   struct Held {
     Ring* ring;
@@ -120,9 +142,10 @@ class Core {
   Ring& new_ring(Producer& p, Inbox& dest);
 
   /// Plain threads: announce a publish so stop() can wait for it. Returns false if stopping.
-  bool enter(Producer& p) {
-    if (p.executor) return state() != State::kStopped;
-    if (p.batch_depth > 0) return true;  // the Batch entered already
+  [[gnu::always_inline]] bool enter(Producer& p) {
+    if (p.gate == Producer::kBatchGate) [[likely]]
+      return true;  // the Batch entered already
+    if (p.gate == Producer::kExecutorGate) return state() != State::kStopped;
     p.active.store(1, std::memory_order_relaxed);
     light_barrier();  // pairs with heavy_barrier() in stop(): we see its state or it sees us
     if (state() != State::kRunning) {
@@ -131,35 +154,64 @@ class Core {
     }
     return true;
   }
-  void leave(Producer& p) {
-    if (!p.executor && p.batch_depth == 0) p.active.store(0, std::memory_order_release);
+  [[gnu::always_inline]] void leave(Producer& p) {
+    if (p.gate == Producer::kPlainGate) p.active.store(0, std::memory_order_release);
   }
   static absl::Status stopped_status() {
     return absl::UnavailableError("bus: stopped; it takes no more messages");
   }
 
   /// Builds a record for `target` in `dest`'s ring from this producer. The one send primitive:
-  /// inline while the ring has room, send_full() (out of line) when it has not.
-  template <class P, class... A>
+  /// inline while the ring has room, send_full() (out of line) when it has not. With `kRun`
+  /// (targets that take runs), a send right after one to the same target, before the ring is
+  /// published, joins its record: one header for the batch, the payloads back to back.
+  template <class P, bool kRun = false, class... A>
   [[gnu::always_inline]] absl::Status send(Producer& p, Inbox& dest, Target* target,
                                            Overflow policy, uint32_t channel, A&&... args) {
+    return send_on<P, kRun>(p, p.ring_to(dest), dest, target, policy, channel,
+                            std::forward<A>(args)...);
+  }
+  /// send() through `r`, the producer's ring to `dest`.
+  template <class P, bool kRun = false, class... A>
+  [[gnu::always_inline]] absl::Status send_on(Producer& p, Ring& r, Inbox& dest, Target* target,
+                                              Overflow policy, uint32_t channel, A&&... args) {
+    if (append<P, kRun>(p, r, dest, target, std::forward<A>(args)...)) [[likely]]
+      return absl::OkStatus();
+    return send_full<P>(p, r, dest, target, policy, channel, std::forward<A>(args)...);
+  }
+  /// send_on() while `r` has room and no records wait before it: builds the record (or joins
+  /// the open run) and returns true. Returns false, `args` untouched, otherwise.
+  template <class P, bool kRun, class... A>
+  [[gnu::always_inline]] static bool append(Producer& p, Ring& r, Inbox& dest, Target* target,
+                                            A&&... args) {
     constexpr uint32_t kWords = Payload<P>::kWords;
-    Ring& r = p.ring_to(dest);
-    uint64_t* w = r.held == 0 ? r.try_reserve(kWords) : nullptr;
-    if (w == nullptr) [[unlikely]] {
-      return send_full<P>(p, r, dest, target, policy, channel, std::forward<A>(args)...);
+    if (r.held != 0) [[unlikely]]
+      return false;
+    if constexpr (kRun) {
+      if (uint64_t* w = r.extend_at(reinterpret_cast<uint64_t>(target), kWords - 1)) {
+        Payload<P>::construct(w, std::forward<A>(args)...);
+        r.extended(kWords - 1);  // the run's ring is queued for the flush already
+        return true;
+      }
     }
+    uint64_t* w = r.try_reserve(kWords);
+    if (w == nullptr) [[unlikely]]
+      return false;
     w[0] = reinterpret_cast<uint64_t>(target);
     Payload<P>::construct(w + 1, std::forward<A>(args)...);
-    r.commit(kWords);
+    if constexpr (kRun) {
+      r.commit_run(w, kWords);
+    } else {
+      r.commit(kWords);
+    }
     committed(p, r, dest);
-    return absl::OkStatus();
+    return true;
   }
 
   /// A record was committed to `r`: a plain thread outside a Batch publishes it now; executors
   /// and batches publish at their flush.
   [[gnu::always_inline]] static void committed(Producer& p, Ring& r, Inbox& dest) {
-    if (p.batch_depth == 0 && !p.executor) {
+    if (p.gate == Producer::kPlainGate) {
       r.publish();
       light_barrier();  // pairs with heavy_barrier() in Inbox::park()
       dest.notify();

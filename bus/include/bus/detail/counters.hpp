@@ -24,8 +24,11 @@ class CounterTable {
   }
 
   /// Writer thread only.
-  void add(uint32_t channel, std::size_t field, uint64_t n = 1) {
-    std::atomic<uint64_t>& a = slot(channel, field);
+  void add(uint32_t channel, std::size_t field, uint64_t n = 1) { bump(slot(channel, field), n); }
+
+  /// Writer thread only: the counter itself, to keep and add() to through bump().
+  std::atomic<uint64_t>& cell(uint32_t channel, std::size_t field) { return slot(channel, field); }
+  static void bump(std::atomic<uint64_t>& a, uint64_t n = 1) {
     a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
 

@@ -154,7 +154,7 @@ class Inbox {
 
   void adopt_rings();
   std::size_t drain_ring(Ring& ring);
-  void invoke(uint64_t* record);
+  void invoke(Target* target, uint64_t* payload);
 
   Core& core_;
   const uint32_t index_;

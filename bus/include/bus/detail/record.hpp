@@ -1,4 +1,5 @@
-// What a ring record is: a pointer to its Target, then the payload built in place.
+// What a ring record is: a header word (its Target, and how many payloads follow), then the
+// payloads built in place.
 #pragma once
 
 #include <cstddef>
@@ -60,17 +61,42 @@ struct Payload {
   static constexpr PayloadOps kOps{kWords, &destroy, &relocate};
 };
 
+/// A record's header: the Target's address in the low 48 bits (user-space x86-64 and AArch64
+/// addresses fit), and in the high 16 bits how many payloads beyond the first follow it back to
+/// back (a run: one header for a batch of sends to one target). Zero marks a wrap.
+inline constexpr unsigned kRunShift = 48;
+inline constexpr uint64_t kTargetBits = (uint64_t{1} << kRunShift) - 1;
+inline constexpr uint64_t kRunOne = uint64_t{1} << kRunShift;
+/// Payloads per run record at most: a consumer takes a run in one call, so this bounds how long
+/// one target can hold its inbox before the next ring gets a turn.
+inline constexpr uint32_t kMaxRun = 256;
+
+struct Target;
+inline Target* target_of(uint64_t header) {
+  return reinterpret_cast<Target*>(header & kTargetBits);
+}
+inline uint32_t payloads_of(uint64_t header) {
+  return static_cast<uint32_t>(header >> kRunShift) + 1;
+}
+
 /// Where a record goes once it reaches its inbox: a channel's subscribers there, a service's
 /// handler, a pending request, or a posted closure. `invoke` consumes (and destroys) the payload.
 struct Target {
   using InvokeFn = void (*)(Target* self, void* payload, Inbox& inbox);
-  /// Optional: consumes `count` consecutive records of this target, `words` apart from the one
-  /// at `record` (header included). A target with one can take a run in one call.
-  using InvokeRunFn = void (*)(Target* self, uint64_t* record, uint32_t words, std::size_t count,
+  /// Optional: consumes `count` payloads of this target, `stride` words apart from the first
+  /// at `payload`. A target with one can take a run in one call, and only such a target is
+  /// sent run records.
+  using InvokeRunFn = void (*)(Target* self, uint64_t* payload, uint32_t stride, std::size_t count,
                                Inbox& inbox);
   InvokeFn invoke;
   const PayloadOps* ops;
   InvokeRunFn invoke_run = nullptr;
+
+  uint32_t payload_words() const { return ops->words - 1; }
+  /// The size in words of a record with this header.
+  static uint32_t record_words(uint64_t header) {
+    return 1 + payloads_of(header) * target_of(header)->payload_words();
+  }
 };
 
 /// A closure posted to an inbox: runs once on the inbox's thread.

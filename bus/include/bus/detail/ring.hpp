@@ -17,10 +17,12 @@ class Inbox;
 
 inline constexpr std::size_t kCacheLine = 64;
 
-/// One producing thread -> one inbox. A record is `[header word][payload words...]`; a header of
-/// zero marks the rest of the buffer as skipped so that a record never wraps around. The producer
-/// builds records in place (`try_reserve` + `commit`) and makes them visible with `publish`, so a
-/// batch of records costs one release store.
+/// One producing thread -> one inbox. A record is `[header word][payload words...]` (see
+/// record.hpp); a header of zero marks the rest of the buffer as skipped so that a record never
+/// wraps around. The producer builds records in place (`try_reserve` + `commit`) and makes them
+/// visible with `publish`, so a batch of records costs one release store. Between two publishes
+/// consecutive sends to one target can share a header (`commit_run` + `try_extend`): the payloads
+/// of a batch then lie back to back, as in a plain array queue.
 class Ring {
  public:
   Ring(std::size_t capacity_words, Inbox* consumer, Inbox* producer_inbox)
@@ -67,9 +69,33 @@ class Ring {
     write_limit_ = std::min(head_cache_ + capacity(), write_ - pos + capacity());
     return buf_ + pos;
   }
-  void commit(uint32_t words) { write_ += words; }
+  void commit(uint32_t words) {
+    write_ += words;
+    run_header_ = 0;
+  }
+  /// Commits the record at `record` and lets extend_at() append payloads to it until the next
+  /// publish or commit.
+  void commit_run(uint64_t* record, uint32_t words) {
+    write_ += words;
+    open_run_ = record;
+    run_header_ = record[0];
+    // kMaxRun payloads at most, behind the record and before the buffer's end.
+    run_limit_ = std::min(write_limit_, write_ + uint64_t{kMaxRun - 1} * (words - 1));
+  }
+  /// Where one more payload of `payload_words` goes in the open run of `header`'s target, or
+  /// null: no open run of that target, or it cannot grow (kMaxRun, the buffer's end, no room
+  /// known). Build the payload there, then call extended().
+  [[gnu::always_inline]] uint64_t* extend_at(uint64_t header, uint32_t payload_words) {
+    if (run_header_ != header || write_ + payload_words > run_limit_) return nullptr;
+    return buf_ + (write_ & mask_);
+  }
+  void extended(uint32_t payload_words) {
+    *open_run_ += kRunOne;
+    write_ += payload_words;
+  }
   /// Makes committed records visible. Returns false when there was nothing new.
   bool publish() {
+    run_header_ = 0;  // the consumer may read the run's header from now on
     if (write_ == published_) return false;
     published_ = write_;
     // (2) pairs with (3): the records below the tail are fully built.
@@ -95,15 +121,25 @@ class Ring {
     for (uint64_t* rec; n < max && (rec = next_record()) != nullptr; ++n) read_ += f(rec);
     return n;
   }
-  /// Like consume(), in runs: `f(header, record, words, count)` gets `count` consecutive
-  /// records of one target (the same header word, a Target), `words` apart and contiguous in
-  /// memory, and consumes them all.
+  /// Like consume(), in runs: `f(target, payload, stride, count)` gets `count` payloads of one
+  /// target, `stride` words apart from `payload`, and consumes them all. A run is one run record
+  /// (its payloads back to back), or consecutive single records of one target (header words in
+  /// between). Returns how many payloads it took (a run is taken whole, so it may pass `max`).
   template <class F>
   std::size_t consume_runs(std::size_t max, F&& f) {
     std::size_t n = 0;
     for (uint64_t* rec; n < max && (rec = next_record()) != nullptr;) {
       uint64_t header = *rec;
-      uint32_t words = words_of(header);
+      Target* target = target_of(header);
+      uint32_t payload_words = target->payload_words();
+      if (header & ~kTargetBits) {
+        std::size_t k = payloads_of(header);
+        read_ += 1 + k * payload_words;
+        n += k;
+        f(target, rec + 1, payload_words, k);
+        continue;
+      }
+      uint32_t words = 1 + payload_words;
       // The run ends at the next other record, at the tail, or where the buffer wraps.
       uint64_t end = std::min(tail_cache_, read_ + (capacity() - (read_ & mask_)));
       uint64_t at = read_ + words;
@@ -114,7 +150,7 @@ class Ring {
       }
       read_ = at;
       n += k;
-      f(header, rec, words, k);
+      f(target, rec + 1, words, k);
     }
     return n;
   }
@@ -145,9 +181,6 @@ class Ring {
       read_ += capacity() - pos;
     }
   }
-  static uint32_t words_of(uint64_t header) {
-    return reinterpret_cast<const Target*>(header)->ops->words;
-  }
 
   // ---- any thread (stats, shutdown) ----------------------------------------------------------
   uint64_t head() const { return head_.load(std::memory_order_seq_cst); }
@@ -174,6 +207,11 @@ class Ring {
   uint64_t published_ = 0;    // last value stored to tail_
   uint64_t head_cache_ = 0;   // producer's view of head_: refreshed only when the ring looks full
   uint64_t write_limit_ = 0;  // write_ may grow to it without a check: free and before the end
+  // The run extend_at() appends to: its record (unpublished), header (0: none) and the end it
+  // may grow to.
+  uint64_t* open_run_ = nullptr;
+  uint64_t run_header_ = 0;
+  uint64_t run_limit_ = 0;
 
   // Consumer line.
   alignas(kCacheLine) std::atomic<uint64_t> head_{0};

@@ -122,32 +122,54 @@ struct TopicTarget : Target {
 
   /// Delivers one message to every subscriber; returns how many took it without throwing.
   [[gnu::always_inline]] std::size_t deliver(void* payload, Inbox& in) {
-    PayloadGuard<T> guard{payload};
     if (changed.load(std::memory_order_acquire)) apply_changes();  // pairs with stage()
+    return deliver_to_subs(payload, in);
+  }
+  [[gnu::always_inline]] std::size_t deliver_to_subs(void* payload, Inbox& in) {
+    PayloadGuard<T> guard{payload};
     const T& msg = *Payload<T>::get(payload);
     std::size_t delivered = 0;
-    for (auto& s : subs) {
-      try {
-        s.fn(msg);
-        ++delivered;
-      } catch (...) {
-        in.counters.add(channel, kHandlerFailed);
-        in.core().log_once(channel, "handler",
-                           "subscriber threw: " + describe_exception(std::current_exception()));
-      }
-    }
+    for (auto& s : subs) delivered += call(s, msg, in);
     return delivered;
+  }
+  [[gnu::always_inline]] std::size_t call(Sub& s, const T& msg, Inbox& in) {
+    try {
+      s.fn(msg);
+      return 1;
+    } catch (...) {
+      handler_threw(in);
+      return 0;
+    }
+  }
+  [[gnu::noinline]] void handler_threw(Inbox& in) {
+    in.counters.add(channel, kHandlerFailed);
+    in.core().log_once(channel, "handler",
+                       "subscriber threw: " + describe_exception(std::current_exception()));
   }
   static void run(Target* self, void* payload, Inbox& in) {
     auto* t = static_cast<TopicTarget*>(self);
     in.counters.add(t->channel, kDelivered, t->deliver(payload, in));
   }
-  /// A run of messages: counted once.
-  static void run_many(Target* self, uint64_t* record, uint32_t words, std::size_t count,
+  /// A run of messages: counted once. Changes staged before it are applied first; the run's
+  /// messages were all visible before that look (so one published after a subscribe() returned
+  /// finds its handler), and handlers only stage changes, so `subs` holds still during the run.
+  static void run_many(Target* self, uint64_t* payload, uint32_t stride, std::size_t count,
                        Inbox& in) {
     auto* t = static_cast<TopicTarget*>(self);
+    if (t->changed.load(std::memory_order_acquire)) t->apply_changes();  // pairs with stage()
     std::size_t delivered = 0;
-    for (std::size_t i = 0; i < count; ++i) delivered += t->deliver(record + i * words + 1, in);
+    if (t->subs.size() == 1) {
+      Sub& s = t->subs.front();
+      for (std::size_t i = 0; i < count; ++i) {
+        void* p = payload + i * stride;
+        PayloadGuard<T> guard{p};
+        delivered += t->call(s, *Payload<T>::get(p), in);
+      }
+    } else {
+      for (std::size_t i = 0; i < count; ++i) {
+        delivered += t->deliver_to_subs(payload + i * stride, in);
+      }
+    }
     in.counters.add(t->channel, kDelivered, delivered);
   }
 };

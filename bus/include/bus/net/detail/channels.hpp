@@ -113,7 +113,11 @@ class Link {
 /// Bus internals the bridge needs (remote proxies are consumers the bus routes to).
 struct BusAccess {
   static bus::detail::Inbox& inbox(ExternalInbox& x) { return *x.inbox_; }
-  static void mark_bridge_thread(Bus& bus) { bus.core_->producer().bridge = true; }
+  static void mark_bridge_thread(Bus& bus) {
+    auto& p = bus.core_->producer();
+    p.bridge = true;
+    p.routes = {};  // a bridge thread never takes the one-inbox route (see Producer::bridge)
+  }
   /// A remote proxy for `ep` on the bridge's inbox, owned by the bus and routed to at once.
   /// It lives as long as the bus; the bridge takes it in and out of the routing with route().
   template <class Req, class Rep>
