@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -721,6 +722,79 @@ Sample bus_batched(uint64_t n, int subscribers = 1) {
   return rate_sample(n, t0, done.at);
 }
 
+/// The bus's bulk calls, as the peers' bulk rows: a handler on executor 0 publishes kChunk
+/// messages with publish_bulk (kBulk at a time, from a local array) and posts itself again; a
+/// bulk subscriber on executor 1 takes them in spans and checks each.
+template <class T>
+Sample bus_bulk(uint64_t n) {
+  bus::Bus b(bus_options());
+  Check chk;
+  Done done;
+  auto sub = b.subscribe_bulk(
+      topic_of<T>(),
+      [&](std::span<const T> msgs) {
+        for (const T& v : msgs) chk.take(v);
+        if (chk.count == n) done.set();
+      },
+      bus::on_executor(1));
+  struct alignas(64) {
+    uint64_t next = 1;
+  } prod;
+  std::function<void()> chunk = [&] {
+    uint64_t& next = prod.next;
+    T buf[kBulk];
+    for (uint64_t end = std::min(n, next + kChunk - 1); next <= end;) {
+      std::size_t k = std::min<uint64_t>(kBulk, end - next + 1);
+      for (std::size_t j = 0; j < k; ++j) buf[j] = make<T>(next + j);
+      if (!b.publish_bulk(topic_of<T>(), std::span<const T>(buf, k)).ok()) {
+        fail("publish_bulk from executor refused");
+      }
+      next += k;
+    }
+    if (next <= n && !b.post(bus::on_executor(0), chunk).ok()) fail("post refused");
+  };
+  Clock::time_point t0 = Clock::now();
+  if (!b.post(bus::on_executor(0), chunk).ok()) fail("post refused");
+  done.wait();
+  (void)b.stop();
+  chk.verify(n);
+  return rate_sample(n, t0, done.at);
+}
+
+/// Two plain threads (both on the producer core) publish_bulk kBulk at a time to one bulk
+/// subscriber on executor 1 (per-producer FIFO checked).
+Sample bus_bulk_two_to_one(uint64_t n) {
+  bus::Bus b(bus_options());
+  uint64_t m = n / 2;
+  Check2 chk;
+  Done done;
+  auto sub = b.subscribe_bulk(
+      u64_topic,
+      [&](std::span<const uint64_t> msgs) {
+        for (uint64_t v : msgs) chk.take(v);
+        if (chk.count == 2 * m) done.set();
+      },
+      bus::on_executor(1));
+  auto [t0, t1] = run_two_to_one(
+      [&](int p) {
+        uint64_t base = uint64_t(p) << kProducerShift;
+        uint64_t buf[kBulk];
+        for (uint64_t i = 1; i <= m;) {
+          std::size_t k = std::min<uint64_t>(kBulk, m - i + 1);
+          for (std::size_t j = 0; j < k; ++j) buf[j] = base | (i + j);
+          if (!b.publish_bulk(u64_topic, std::span<const uint64_t>(buf, k)).ok()) {
+            fail("publish_bulk refused");
+          }
+          i += k;
+        }
+      },
+      [&] { done.wait(); });
+  (void)t1;
+  (void)b.stop();
+  chk.verify(m);
+  return rate_sample(2 * m, t0, done.at);
+}
+
 /// Two plain threads (both on the producer core) publish to one subscriber on executor 1,
 /// per message or inside a bus::Batch of kBusBatch.
 Sample bus_two_to_one(uint64_t n, bool batch) {
@@ -934,6 +1008,7 @@ int main(int argc, char** argv) {
   add("bus", "bus publish, plain thread", 1, false, bus_publish<uint64_t>);
   add("busb", "bus batched, executor -> executor", 1, false,
       [](uint64_t n) { return bus_batched<uint64_t>(n); });
+  add("busbulk", "bus bulk 256, executor -> executor", 1, false, bus_bulk<uint64_t>);
   // 1 -> 1, 64-byte struct
   add("ring64/64B", "plain ring, tail per 64", 2, false, plain_ring<Item64, 64>);
 #if BUS_QUEUES_HAVE_ATOMIC_QUEUE
@@ -952,6 +1027,7 @@ int main(int argc, char** argv) {
   add("bus/64B", "bus publish, plain thread", 1, false, bus_publish<Item64>);
   add("busb/64B", "bus batched, executor -> executor", 1, false,
       [](uint64_t n) { return bus_batched<Item64>(n); });
+  add("busbulk/64B", "bus bulk 256, executor -> executor", 1, false, bus_bulk<Item64>);
   // 2 -> 1
 #if BUS_QUEUES_HAVE_CONCURRENTQUEUE
   add("cq256/2to1", "moodycamel ConcurrentQueue, bulk 256", 0, false, cq_bulk_two_to_one);
@@ -962,6 +1038,7 @@ int main(int argc, char** argv) {
       [](uint64_t n) { return bus_two_to_one(n, false); });
   add("busbatch/2to1", "bus Batch of 256, 2 plain threads", 1, false,
       [](uint64_t n) { return bus_two_to_one(n, true); });
+  add("busbulk/2to1", "bus bulk 256, 2 plain threads", 1, false, bus_bulk_two_to_one);
   // 1 -> 4
   add("busb/fanout", "bus batched, 4 subscribers on 2 executors", 1, false,
       [](uint64_t n) { return bus_batched<uint64_t>(n, 4); });
@@ -982,18 +1059,19 @@ int main(int argc, char** argv) {
        "1 -> 1",
        false,
        {"ring64", "ring1024", "aq", "aq2", "boost1", "boost256", "rwq", "cq1", "cq256", "zmq",
-        "mutex", "bus", "busb"},
-       {{"publish/x", "bus"}, {"batched/x", "busb"}}},
+        "mutex", "bus", "busb", "busbulk"},
+       {{"publish/x", "bus"}, {"batched/x", "busb"}, {"bulk/x", "busbulk"}}},
       {"1 -> 1, 64-byte struct",
        "1 -> 1, 64 B",
        false,
-       {"ring64/64B", "aq2/64B", "boost1/64B", "boost256/64B", "bus/64B", "busb/64B"},
-       {{"publish/x", "bus/64B"}, {"batched/x", "busb/64B"}}},
+       {"ring64/64B", "aq2/64B", "boost1/64B", "boost256/64B", "bus/64B", "busb/64B",
+        "busbulk/64B"},
+       {{"publish/x", "bus/64B"}, {"batched/x", "busb/64B"}, {"bulk/x", "busbulk/64B"}}},
       {"2 -> 1, 8-byte items, per-producer FIFO checked (both producers on core 0)",
        "2 -> 1",
        false,
-       {"cq256/2to1", "bus/2to1", "busbatch/2to1"},
-       {{"publish/x", "bus/2to1"}, {"Batch/x", "busbatch/2to1"}}},
+       {"cq256/2to1", "bus/2to1", "busbatch/2to1", "busbulk/2to1"},
+       {{"publish/x", "bus/2to1"}, {"Batch/x", "busbatch/2to1"}, {"bulk/x", "busbulk/2to1"}}},
       {"1 -> 4 subscribers on 2 executors, 8-byte items (messages/s; deliveries are 4x)",
        "1 -> 4, msg/s",
        false,
@@ -1102,8 +1180,12 @@ int main(int argc, char** argv) {
     std::printf("  %-62s %7.2fx  (%s %.1fx: %s)\n", what, r, at_least ? ">=" : "<=", bound,
                 met ? "met" : "MISSED");
   };
+  // The batched mode two ways: an executor publishing one message per call (flushed once per
+  // handler), and the bulk calls (publish_bulk -> subscribe_bulk), as the peers' bulk rows.
   target("batched 1->1 / plain ring tail per 64", "busb", "ring64", false, 0.8, true);
   target("batched 1->1 / boost spsc bulk 256", "busb", "boost256", false, 1.0, true);
+  target("bulk 256 1->1 / plain ring tail per 64", "busbulk", "ring64", false, 0.8, true);
+  target("bulk 256 1->1 / boost spsc bulk 256", "busbulk", "boost256", false, 1.0, true);
   {
     // atomic_queue's fastest SPSC variant in this run
     std::string fastest = med("aq", false) >= med("aq2", false) ? "aq" : "aq2";
@@ -1114,6 +1196,8 @@ int main(int argc, char** argv) {
          true);
   target("Batch(256) 2->1 / ConcurrentQueue bulk 256 2->1", "busbatch/2to1", "cq256/2to1", false,
          1.0, true);
+  target("bulk 256 2->1 / ConcurrentQueue bulk 256 2->1", "busbulk/2to1", "cq256/2to1", false, 1.0,
+         true);
   target("round trip p50, spinning / atomic_queue ping-pong", "bus/rtt", "aq/rtt", true, 1.5,
          false);
 

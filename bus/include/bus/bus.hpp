@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -126,6 +127,22 @@ class Bus {
   template <class T, class F>
   requires std::invocable<F&, const T&> Subscription subscribe(const Topic<T>& topic, F&& handler,
                                                                Placement where = {});
+
+  /// publish() of every message in `msgs`, in order, as one batch: to a topic whose subscribers
+  /// are on one inbox they are copied into the ring in runs (a memcpy for trivially copyable
+  /// types), and a plain thread publishes the ring once at the end. The same result as
+  /// publish() one by one (the first error, if any; the rest are still offered).
+  template <class T>
+  absl::Status publish_bulk(const Topic<T>& topic, std::span<const T> msgs);
+  /// subscribe() for a handler that takes messages in bulk: `handler(std::span<const T>)` gets
+  /// consecutive messages of the topic, in order, as many at once as arrived together (up to
+  /// 256 from one producer). Spans of more than one message need a type that fills whole 8-byte
+  /// words (sizeof(T) % 8 == 0, alignment <= 8, at most 192 bytes); others come one per span.
+  /// If the handler throws, every message of that span counts as failed.
+  template <class T, class F>
+  requires std::invocable<F&, std::span<const T>> Subscription subscribe_bulk(const Topic<T>& topic,
+                                                                              F&& handler,
+                                                                              Placement where = {});
 
   // ---- queues: one consumer per message --------------------------------------------------------
 
@@ -248,6 +265,9 @@ class Bus {
   }
   template <class T, class F>
   Subscription subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& handler);
+  template <class T>
+  Subscription add_subscriber(const Topic<T>& topic, detail::Inbox& inbox,
+                              typename detail::TopicTarget<T>::Sub sub);
   /// Registers a queue consumer or endpoint server; cancelling removes it from the routing.
   template <class Tgt>
   Subscription add_consumer(detail::Targets<Tgt>& targets, std::unique_ptr<Tgt> target);
@@ -316,6 +336,14 @@ class ExternalInbox {
   requires std::invocable<F&, const T&> Subscription subscribe(const Topic<T>& topic, F&& handler) {
     return bus_.subscribe_at(topic, *inbox_, std::forward<F>(handler));
   }
+  /// Bus::subscribe_bulk() on this inbox.
+  template <class T, class F>
+  requires std::invocable<F&, std::span<const T>> Subscription subscribe_bulk(const Topic<T>& topic,
+                                                                              F&& handler) {
+    return bus_.add_subscriber(
+        topic, *inbox_,
+        {0, nullptr, absl::AnyInvocable<void(std::span<const T>)>(std::forward<F>(handler))});
+  }
   /// Runs `fn()` inside a later drain(), on the owning loop's thread. Unavailable once the bus
   /// has stopped.
   template <class F>
@@ -364,6 +392,16 @@ class Service {
     return keep(bus_->subscribe(
         topic,
         [life = life_, s = state_, f = std::move(f)](const T& m) mutable {
+          if (life->alive.load(std::memory_order_relaxed)) std::invoke(f, *s, m);
+        },
+        on_executor(executor_)));
+  }
+  /// Bus::subscribe_bulk() for the service: handlers take `(S&, std::span<const T>)`.
+  template <class T, class F>
+  Service& subscribe_bulk(const Topic<T>& topic, F f) {
+    return keep(bus_->subscribe_bulk(
+        topic,
+        [life = life_, s = state_, f = std::move(f)](std::span<const T> m) mutable {
           if (life->alive.load(std::memory_order_relaxed)) std::invoke(f, *s, m);
         },
         on_executor(executor_)));
@@ -533,6 +571,7 @@ absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
   detail::Producer& p = c.producer();
   if (!c.enter(p)) [[unlikely]]
     return detail::Core::stopped_status();
+  detail::Leave leave{c, p};  // also when building the message throws
   // The common case, inline: this thread published here before, the topic's subscribers are
   // still the ones it saw, all on one inbox (so no copy to make), and the ring has room.
   detail::Producer::Route& r = p.routes[topic.id() % detail::Producer::kRoutes];
@@ -542,13 +581,10 @@ absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
     if (t->live.load(std::memory_order_relaxed) != 0 &&
         detail::Core::append<T, true>(p, *r.ring, *t->inbox, t, std::forward<U>(msg))) [[likely]] {
       detail::CounterTable<detail::kProducerCounters>::bump(*r.published);
-      c.leave(p);
       return absl::OkStatus();
     }
   }
-  absl::Status result = publish_resolving(p, topic, std::forward<U>(msg));
-  c.leave(p);
-  return result;
+  return publish_resolving(p, topic, std::forward<U>(msg));
 }
 
 template <class T, class U>
@@ -605,7 +641,22 @@ requires std::invocable<F&, const T&> Subscription Bus::subscribe(const Topic<T>
 }
 
 template <class T, class F>
+requires std::invocable<F&, std::span<const T>> Subscription
+Bus::subscribe_bulk(const Topic<T>& topic, F&& handler, Placement where) {
+  return add_subscriber(
+      topic, placed(where),
+      {0, nullptr, absl::AnyInvocable<void(std::span<const T>)>(std::forward<F>(handler))});
+}
+
+template <class T, class F>
 Subscription Bus::subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& handler) {
+  return add_subscriber(topic, inbox,
+                        {0, absl::AnyInvocable<void(const T&)>(std::forward<F>(handler)), nullptr});
+}
+
+template <class T>
+Subscription Bus::add_subscriber(const Topic<T>& topic, detail::Inbox& inbox,
+                                 typename detail::TopicTarget<T>::Sub sub) {
   auto& st = topic_state(topic);
   detail::TopicTarget<T>* target = nullptr;
   uint64_t id;
@@ -618,8 +669,7 @@ Subscription Bus::subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& 
       target = st.targets.add(std::make_unique<detail::TopicTarget<T>>(topic.id(), inbox));
     id = ++st.last_sub;
   }
-  typename detail::TopicTarget<T>::Sub sub{
-      id, absl::AnyInvocable<void(const T&)>(std::forward<F>(handler))};
+  sub.id = id;
   target->stage(&sub, 0);
   target->live.fetch_add(1, std::memory_order_relaxed);
   return Subscription(core_, [this, target, id](detail::Core&) {
@@ -635,6 +685,46 @@ Subscription Bus::subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& 
         /*wait=*/true);
     if (!posted.ok()) target->stage(nullptr, id);  // stopped: nothing runs it any more
   });
+}
+
+template <class T>
+absl::Status Bus::publish_bulk(const Topic<T>& topic, std::span<const T> msgs) {
+  detail::Core& c = *core_;
+  detail::Producer& p = c.producer();
+  if (!c.enter(p)) [[unlikely]]
+    return detail::Core::stopped_status();
+  // A plain thread builds the whole span before it publishes (as in a Batch).
+  const auto gate = p.gate;
+  p.gate = detail::Producer::kBatchGate;
+  struct Restore {  // also when a copy throws
+    detail::Core& c;
+    detail::Producer& p;
+    detail::Producer::Gate gate;
+    ~Restore() {
+      p.gate = gate;
+      if (gate == detail::Producer::kPlainGate) p.flush();
+      c.leave(p);
+    }
+  } restore{c, p, gate};
+  absl::Status result;
+  std::size_t done = 0;
+  const auto* list = topic_state(topic).targets.load();
+  if (list != nullptr && list->targets.size() == 1 && !p.bridge) {
+    detail::TopicTarget<T>* t = list->targets.front();
+    if (t->live.load(std::memory_order_relaxed) != 0) {
+      done = detail::Core::append_all<T>(p, p.ring_to(*t->inbox), *t->inbox, t, msgs.data(),
+                                         msgs.size());
+    } else {
+      done = msgs.size();  // no subscriber: published to nobody, as publish() does
+    }
+    p.counters.add(topic.id(), detail::kPublished, done);
+  }
+  // The rest (a full ring, several inboxes, a bridge thread) one by one: the overflow policy.
+  for (; done < msgs.size(); ++done) {
+    absl::Status s = publish_resolving(p, topic, msgs[done]);
+    if (!s.ok() && result.ok()) result = std::move(s);
+  }
+  return result;
 }
 
 template <class T, MessageOf<T> U>

@@ -12,10 +12,10 @@ struct ChannelStats {
   std::string name;
   std::string type;        // e.g. "Topic<Tick>"
   uint64_t published = 0;  // accepted by publish/send/request
-  uint64_t delivered = 0;  // handler invocations that returned (one per subscriber)
+  uint64_t delivered = 0;  // messages handlers took and returned (one per subscriber)
   uint64_t dropped = 0;    // discarded by the drop-newest policy
   uint64_t failed = 0;     // refused: ring full under the fail policy, no consumer, backlog full
-  uint64_t handler_failed = 0;  // handler invocations that threw
+  uint64_t handler_failed = 0;  // messages whose handler threw (a bulk handler: its span)
   uint64_t late_replies = 0;    // replies that came after the requester's deadline
   uint64_t expired = 0;         // requests whose deadline passed before a handler ran
   uint64_t unrouted = 0;        // messages whose consumer went away with none left to take them

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -208,6 +209,37 @@ class Core {
     return true;
   }
 
+  /// append() of `n` messages at `msgs`, in order: as many as `r` has room for; returns how many.
+  /// Runs of them are built at once (a copy of the array when P is an inline array type).
+  template <class P>
+  static std::size_t append_all(Producer& p, Ring& r, Inbox& dest, Target* target, const P* msgs,
+                                std::size_t n) {
+    constexpr uint32_t kPayload = Payload<P>::kWords - 1;
+    auto header = reinterpret_cast<uint64_t>(target);
+    std::size_t done = 0;
+    while (done < n) {
+      std::size_t k = std::min(n - done, r.held == 0 ? r.extend_room(header, kPayload) : 0);
+      if (k == 0) {
+        if (!append<P, true>(p, r, dest, target, msgs[done])) break;  // opens a run
+        ++done;
+        continue;
+      }
+      uint64_t* at = r.extend_at(header, kPayload);
+      if constexpr (Payload<P>::kInline && sizeof(P) == kPayload * 8 &&
+                    std::is_trivially_copyable_v<P>) {
+        std::memcpy(at, msgs + done, k * sizeof(P));
+        r.extended_by(k, kPayload);
+      } else {
+        for (std::size_t i = 0; i < k; ++i) {  // counted one by one: a copy may throw
+          Payload<P>::construct(at + i * kPayload, msgs[done + i]);
+          r.extended(kPayload);
+        }
+      }
+      done += k;
+    }
+    return done;
+  }
+
   /// A record was committed to `r`: a plain thread outside a Batch publishes it now; executors
   /// and batches publish at their flush.
   [[gnu::always_inline]] static void committed(Producer& p, Ring& r, Inbox& dest) {
@@ -284,6 +316,13 @@ class Core {
 };
 
 std::size_t ring_words_for(std::size_t bytes);
+
+/// Core::leave() at the end of a scope that entered.
+struct Leave {
+  Core& c;
+  Producer& p;
+  ~Leave() { c.leave(p); }
+};
 
 template <class P, class... A>
 [[gnu::noinline]] absl::Status Core::send_full(Producer& p, Ring& r, Inbox& dest, Target* target,

@@ -93,6 +93,16 @@ class Ring {
     *open_run_ += kRunOne;
     write_ += payload_words;
   }
+  /// How many payloads of `payload_words` the open run of `header`'s target can still take,
+  /// back to back from extend_at(); extended_by() counts those built.
+  std::size_t extend_room(uint64_t header, uint32_t payload_words) const {
+    if (run_header_ != header || write_ >= run_limit_) return 0;
+    return static_cast<std::size_t>((run_limit_ - write_) / payload_words);
+  }
+  void extended_by(std::size_t payloads, uint32_t payload_words) {
+    *open_run_ += payloads << kRunShift;
+    write_ += payloads * payload_words;
+  }
   /// Makes committed records visible. Returns false when there was nothing new.
   bool publish() {
     run_header_ = 0;  // the consumer may read the run's header from now on
@@ -192,19 +202,25 @@ class Ring {
   }
 
   /// Set by the producer (1) when it waits for room; the consumer wakes it after releasing.
-  std::atomic<uint32_t> producer_waiting{0};
+  alignas(kCacheLine) std::atomic<uint32_t> producer_waiting{0};
   /// Set when the producing thread has exited; the consumer frees the ring once it is empty.
   std::atomic<bool> retired{false};
 
-  // Producer-thread bookkeeping (never read by the consumer).
-  bool queued_for_flush = false;  // in the producer's list of rings to publish
-  uint32_t held = 0;              // records of this ring in the producer's backlog
-
  private:
-  // Producer line: written by the producer only, so it never bounces to the consumer's core.
+  // Read by both sides, written once (or, the two flags above, rarely).
+  uint64_t* const buf_;
+  const uint64_t mask_;
+  Inbox* const consumer_;
+  Inbox* const producer_inbox_;
+
+  // The tail and the head have a line each: the side that polls one takes only that line, and
+  // the other side's own fields (below) never move between the cores.
   alignas(kCacheLine) std::atomic<uint64_t> tail_{0};
-  uint64_t write_ = 0;        // next word the producer writes (committed, maybe unpublished)
-  uint64_t published_ = 0;    // last value stored to tail_
+  alignas(kCacheLine) std::atomic<uint64_t> head_{0};
+
+  // Producer line: the producer's alone.
+  alignas(kCacheLine) uint64_t write_ = 0;  // next word the producer writes (maybe unpublished)
+  uint64_t published_ = 0;                  // last value stored to tail_
   uint64_t head_cache_ = 0;   // producer's view of head_: refreshed only when the ring looks full
   uint64_t write_limit_ = 0;  // write_ may grow to it without a check: free and before the end
   // The run extend_at() appends to: its record (unpublished), header (0: none) and the end it
@@ -213,17 +229,16 @@ class Ring {
   uint64_t run_header_ = 0;
   uint64_t run_limit_ = 0;
 
-  // Consumer line.
-  alignas(kCacheLine) std::atomic<uint64_t> head_{0};
-  uint64_t read_ = 0;
+ public:
+  // Producer-thread bookkeeping (never read by the consumer), on the producer's line.
+  uint32_t held = 0;              // records of this ring in the producer's backlog
+  bool queued_for_flush = false;  // in the producer's list of rings to publish
+
+ private:
+  // Consumer line: the consumer's alone.
+  alignas(kCacheLine) uint64_t read_ = 0;
   uint64_t released_ = 0;
   uint64_t tail_cache_ = 0;  // consumer's view of tail_: refreshed only when it looks empty
-
-  // Read-only after construction.
-  alignas(kCacheLine) uint64_t* const buf_;
-  const uint64_t mask_;
-  Inbox* const consumer_;
-  Inbox* const producer_inbox_;
 };
 
 }  // namespace bus::detail

@@ -10,6 +10,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -89,10 +90,15 @@ struct TopicTarget : Target {
   TopicTarget(uint32_t ch, Inbox& in)
       : Target{&run, &Payload<T>::kOps, &run_many}, channel(ch), inbox(&in) {}
 
+  /// A subscriber takes each message (`fn`), or a run of messages at once (`bulk`).
   struct Sub {
     uint64_t id;
     absl::AnyInvocable<void(const T&)> fn;
+    absl::AnyInvocable<void(std::span<const T>)> bulk;
   };
+  /// A run record of T lies in memory as an array of T when the payloads are inline and fill
+  /// their words exactly: then a bulk subscriber gets the run as one span.
+  static constexpr bool kArrayRuns = Payload<T>::kInline && sizeof(T) % 8 == 0;
   const uint32_t channel;
   Inbox* const inbox;
   std::atomic<int> live{0};  // subscriptions; publishers skip the target at zero
@@ -129,7 +135,7 @@ struct TopicTarget : Target {
     PayloadGuard<T> guard{payload};
     const T& msg = *Payload<T>::get(payload);
     std::size_t delivered = 0;
-    for (auto& s : subs) delivered += call(s, msg, in);
+    for (auto& s : subs) delivered += s.bulk ? call_bulk(s, {&msg, 1}, in) : call(s, msg, in);
     return delivered;
   }
   [[gnu::always_inline]] std::size_t call(Sub& s, const T& msg, Inbox& in) {
@@ -137,12 +143,22 @@ struct TopicTarget : Target {
       s.fn(msg);
       return 1;
     } catch (...) {
-      handler_threw(in);
+      handler_threw(in, 1);
       return 0;
     }
   }
-  [[gnu::noinline]] void handler_threw(Inbox& in) {
-    in.counters.add(channel, kHandlerFailed);
+  /// A bulk handler that throws counts the whole span as failed (it cannot say where it stopped).
+  std::size_t call_bulk(Sub& s, std::span<const T> msgs, Inbox& in) {
+    try {
+      s.bulk(msgs);
+      return msgs.size();
+    } catch (...) {
+      handler_threw(in, msgs.size());
+      return 0;
+    }
+  }
+  [[gnu::noinline]] void handler_threw(Inbox& in, std::size_t messages) {
+    in.counters.add(channel, kHandlerFailed, messages);
     in.core().log_once(channel, "handler",
                        "subscriber threw: " + describe_exception(std::current_exception()));
   }
@@ -158,17 +174,27 @@ struct TopicTarget : Target {
     auto* t = static_cast<TopicTarget*>(self);
     if (t->changed.load(std::memory_order_acquire)) t->apply_changes();  // pairs with stage()
     std::size_t delivered = 0;
-    if (t->subs.size() == 1) {
+    auto at = [&](std::size_t i) -> void* { return payload + i * stride; };
+    if (t->subs.size() == 1 && !t->subs.front().bulk) {
       Sub& s = t->subs.front();
       for (std::size_t i = 0; i < count; ++i) {
-        void* p = payload + i * stride;
-        PayloadGuard<T> guard{p};
-        delivered += t->call(s, *Payload<T>::get(p), in);
+        PayloadGuard<T> guard{at(i)};
+        delivered += t->call(s, *Payload<T>::get(at(i)), in);
       }
     } else {
-      for (std::size_t i = 0; i < count; ++i) {
-        delivered += t->deliver_to_subs(payload + i * stride, in);
+      // Each subscriber takes the whole run in turn (its order is kept); then the payloads go.
+      bool array = kArrayRuns && stride * 8 == sizeof(T);
+      for (Sub& s : t->subs) {
+        if (s.bulk && array) {
+          delivered += t->call_bulk(s, {Payload<T>::get(payload), count}, in);
+          continue;
+        }
+        for (std::size_t i = 0; i < count; ++i) {
+          const T& msg = *Payload<T>::get(at(i));
+          delivered += s.bulk ? t->call_bulk(s, {&msg, 1}, in) : t->call(s, msg, in);
+        }
       }
+      for (std::size_t i = 0; i < count; ++i) Payload<T>::destroy(at(i));
     }
     in.counters.add(t->channel, kDelivered, delivered);
   }
