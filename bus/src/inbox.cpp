@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 
 #include "bus/detail/core.hpp"
@@ -170,8 +171,9 @@ std::size_t Inbox::run_deferred() {
 
 bool Inbox::ready() {
   if (has_records()) return true;
-  if (!timers_.empty() && timers_.begin()->first.first <= Clock::now()) return true;
-  return false;
+  if (timers_.empty() && deadlines_.empty()) return false;
+  auto next = next_timer();
+  return next && *next <= Clock::now();
 }
 
 bool Inbox::add_timer(uint64_t id, Clock::time_point at, Clock::duration period, TimerFn fn,
@@ -196,13 +198,19 @@ bool Inbox::cancel_timer(uint64_t id) {
 }
 
 std::optional<Clock::time_point> Inbox::next_timer() const {
-  if (timers_.empty()) return std::nullopt;
-  return timers_.begin()->first.first;
+  std::optional<Clock::time_point> next;
+  if (!timers_.empty()) next = timers_.begin()->first.first;
+  if (!deadlines_.empty() && (!next || deadlines_.front().first < *next)) {
+    next = deadlines_.front().first;
+  }
+  return next;
 }
 
 std::size_t Inbox::run_due_timers() {
+  if (timers_.empty() && deadlines_.empty()) return 0;
   std::size_t n = 0;
   auto now = Clock::now();
+  n += expire_due(now);
   while (!timers_.empty() && timers_.begin()->first.first <= now) {
     // stop() flips to kStopped and then re-reads ticks_started: either it sees this increment
     // or we see kStopped (both seq_cst).
@@ -248,20 +256,53 @@ void Inbox::drop_user_timers() {
 
 void Inbox::add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline,
                         CompleteFn fn) {
-  uint64_t timer = reserve_timer_id();
-  add_timer(
-      timer, deadline, Clock::duration::zero(),
-      [this, corr] {
-        auto it = pending_.find(corr);
-        if (it == pending_.end()) return;
-        Pending p = std::move(it->second);
-        pending_.erase(it);
-        p.fn(absl::DeadlineExceededError(absl::StrCat(
-                 "bus: no reply from '", channel_info(p.channel).name, "' before the deadline")),
-             nullptr);
-      },
-      /*essential=*/true);
-  pending_.emplace(corr, Pending{std::move(fn), timer, channel});
+  pending_.emplace(corr, Pending{std::move(fn), channel});
+  deadlines_.emplace_back(deadline, corr);
+  std::push_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
+  if (deadlines_.size() > 2 * pending_.size() + 64) {
+    // Mostly answered entries: keep the pending ones' (answers out of deadline order leave
+    // entries below the top; this bounds them to about the number pending).
+    std::erase_if(deadlines_, [this](const Deadline& d) { return !pending_.contains(d.second); });
+    std::make_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
+  }
+}
+
+void Inbox::pop_answered_deadlines() {
+  while (!deadlines_.empty() && !pending_.contains(deadlines_.front().second)) {
+    std::pop_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
+    deadlines_.pop_back();
+  }
+}
+
+std::size_t Inbox::expire_due(Clock::time_point now) {
+  std::size_t n = 0;
+  while (!deadlines_.empty() && deadlines_.front().first <= now) {
+    uint64_t corr = deadlines_.front().second;
+    std::pop_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
+    deadlines_.pop_back();
+    auto it = pending_.find(corr);
+    if (it == pending_.end()) continue;  // answered
+    // Counted like a timer tick (see run_due_timers()).
+    ticks_started.fetch_add(1, std::memory_order_seq_cst);
+    if (core_.state() == State::kStopped) {
+      ticks_done.fetch_add(1, std::memory_order_seq_cst);
+      break;  // cancel_all_pending() answers it
+    }
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    try {
+      p.fn(absl::DeadlineExceededError(absl::StrCat(
+               "bus: no reply from '", channel_info(p.channel).name, "' before the deadline")),
+           nullptr);
+    } catch (...) {
+      core_.log_once(UINT32_MAX, "timer",
+                     "a reply callback threw: " + describe_exception(std::current_exception()));
+    }
+    ticks_done.fetch_add(1, std::memory_order_seq_cst);
+    ++n;
+  }
+  pop_answered_deadlines();  // so next_timer() names a pending request's deadline
+  return n;
 }
 
 void Inbox::complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply) {
@@ -272,7 +313,7 @@ void Inbox::complete(uint64_t corr, uint32_t channel, absl::Status status, void*
   }
   Pending p = std::move(it->second);
   pending_.erase(it);
-  cancel_timer(p.timer);
+  if (!deadlines_.empty() && deadlines_.front().second == corr) pop_answered_deadlines();
   p.fn(std::move(status), reply);
 }
 
@@ -281,12 +322,12 @@ void Inbox::cancel_all_pending(const absl::Status& why) {
     auto it = pending_.begin();
     Pending p = std::move(it->second);
     pending_.erase(it);
-    cancel_timer(p.timer);
     try {
       p.fn(why, nullptr);
     } catch (...) {
     }
   }
+  deadlines_.clear();
 }
 
 }  // namespace bus::detail

@@ -3,9 +3,13 @@
 
 #include <atomic>
 #include <bus/bus.hpp>
+#include <functional>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -156,6 +160,104 @@ TEST(Request, ManyConcurrentRequestsAllComplete) {
                   .ok());
   while (done.load() < kN) std::this_thread::yield();
   EXPECT_EQ(sum.load(), 2L * (kN - 1) * kN / 2);
+}
+
+TEST(Request, DeadlinesExpireInTheirOwnOrderWhateverOrderRepliesComeIn) {
+  // Even requests are answered at once and have a long deadline; odd ones are held and have a
+  // short one, so answered requests' deadlines sit behind pending ones that expire first.
+  bus::Bus bus(bus::Options().executors(2));
+  std::mutex mu;
+  std::vector<bus::Replier<int>> held;
+  auto server = bus.serve_async(
+      slow,
+      [&](int&& v, bus::Replier<int> reply) {
+        if (v % 2 == 0) {
+          reply(v + 1);
+          return;
+        }
+        std::lock_guard lock(mu);
+        held.push_back(std::move(reply));
+      },
+      bus::on_executor(1));
+  constexpr int kN = 1000;
+  std::atomic<int> callbacks{0}, answered{0}, expired{0}, wrong{0};
+  ASSERT_TRUE(bus.post(bus::on_executor(0),
+                       [&] {
+                         for (int i = 0; i < kN; ++i) {
+                           auto timeout = i % 2 == 0 ? std::chrono::milliseconds(60'000)
+                                                     : std::chrono::milliseconds(30 + i % 7);
+                           bus.request(slow, int{i}, timeout, [&, i](absl::StatusOr<int> r) {
+                             if (r.ok()) {
+                               answered++;
+                               wrong += (i % 2 != 0 || *r != i + 1);
+                             } else {
+                               expired++;
+                               wrong += (i % 2 == 0 ||
+                                         r.status().code() != absl::StatusCode::kDeadlineExceeded);
+                             }
+                             callbacks++;
+                           });
+                         }
+                       })
+                  .ok());
+  while (callbacks.load() < kN) std::this_thread::yield();
+  EXPECT_EQ(answered.load(), kN / 2);
+  EXPECT_EQ(expired.load(), kN / 2);
+  EXPECT_EQ(wrong.load(), 0);
+  {
+    std::lock_guard lock(mu);
+    for (auto& r : held) r(0);  // too late: counted, not called back
+    held.clear();
+  }
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(callbacks.load(), kN);
+  EXPECT_EQ(bus.stats().channel("request_test.slow")->late_replies, uint64_t{kN / 2});
+}
+
+TEST(Request, AnEarlyPendingRequestOutlivesManyAnsweredOnesBehindIt) {
+  // Request 0 is held; 2,000 more, one after another, are answered at once with later
+  // deadlines. Their entries pile up behind request 0's and are swept out as they grow; request
+  // 0 must still be pending, and answered, at the end.
+  bus::Bus bus(bus::Options().executors(2));
+  std::optional<bus::Replier<int>> held;
+  std::atomic<bool> holding{false};
+  auto server = bus.serve_async(
+      slow,
+      [&](int&& v, bus::Replier<int> reply) {
+        if (v == 0) {
+          held.emplace(std::move(reply));
+          holding = true;
+          return;
+        }
+        reply(v + 1);
+      },
+      bus::on_executor(1));
+  constexpr int kN = 2000;
+  std::atomic<int> first{-1}, chain_done{0}, wrong{0};
+  std::function<void(int)> next = [&](int i) {
+    bus.request(slow, int{i}, std::chrono::seconds(120), [&, i](absl::StatusOr<int> r) {
+      wrong += (!r.ok() || *r != i + 1);
+      if (i < kN) {
+        next(i + 1);
+      } else {
+        chain_done = 1;
+      }
+    });
+  };
+  ASSERT_TRUE(bus.post(bus::on_executor(0),
+                       [&] {
+                         bus.request(slow, 0, std::chrono::seconds(60),
+                                     [&](absl::StatusOr<int> r) { first = r.ok() ? *r : -2; });
+                         next(1);
+                       })
+                  .ok());
+  while (chain_done.load() == 0 || !holding.load()) std::this_thread::yield();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(first.load(), -1);  // still pending
+  ASSERT_TRUE(bus.post(bus::on_executor(1), [&] { (*held)(42); }).ok());
+  while (first.load() == -1) std::this_thread::yield();
+  EXPECT_EQ(first.load(), 42);
+  ASSERT_TRUE(bus.stop().ok());
 }
 
 }  // namespace

@@ -126,6 +126,8 @@ class Inbox {
   using CompleteFn = absl::AnyInvocable<void(absl::Status, void* reply)>;
   uint64_t next_correlation() { return ++last_correlation_; }
   void add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline, CompleteFn fn);
+  /// Pending requests' deadlines are not timers (no allocation or map node per request), but
+  /// next_timer(), ready() and run_due_timers() cover them too.
   /// A reply arrived: runs the callback, or counts a late reply when none is pending.
   void complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply);
   std::size_t pending_count() const { return pending_.size(); }
@@ -148,9 +150,9 @@ class Inbox {
   };
   struct Pending {
     CompleteFn fn;
-    uint64_t timer;
     uint32_t channel;
   };
+  using Deadline = std::pair<Clock::time_point, uint64_t>;  // (deadline, correlation)
 
   void adopt_rings();
   std::size_t drain_ring(Ring& ring);
@@ -171,6 +173,12 @@ class Inbox {
   uint64_t firing_ = 0;  // id of the periodic timer being run
   bool firing_cancelled_ = false;
   absl::flat_hash_map<uint64_t, Pending> pending_;
+  // The pending requests' deadlines: a min-heap (std::greater) with no allocation per request.
+  // An answered request's entry stays until it reaches the top (complete() pops answered ones
+  // there) or the heap is rebuilt from pending_ once it holds over twice as many entries.
+  std::vector<Deadline> deadlines_;
+  void pop_answered_deadlines();
+  std::size_t expire_due(Clock::time_point now);
   std::vector<TimerFn> deferred_;
   uint64_t last_correlation_ = 0;
 };
