@@ -200,10 +200,10 @@ class Core {
       return false;
     w[0] = reinterpret_cast<uint64_t>(target);
     Payload<P>::construct(w + 1, std::forward<A>(args)...);
-    if constexpr (kRun) {
+    if (kRun && p.gate != Producer::kPlainGate) {
       r.commit_run(w, kWords);
     } else {
-      r.commit(kWords);
+      r.commit(kWords);  // a plain thread publishes at once: its runs would end here
     }
     committed(p, r, dest);
     return true;
