@@ -11,6 +11,7 @@
 //   bus        Bus::publish per message from the thread that owns the subscriber's inbox
 //              (an ExternalInbox), then drain()
 //   busbatch   the same publishes inside a bus::Batch (one release per round), then drain()
+//   busbulk    one publish_bulk() of the round to a subscribe_bulk() handler, then drain()
 // Each consumer checks the count and the sum; a mismatch exits with status 1.
 #include <bus/bus.hpp>
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "plain_ring.hpp"
@@ -74,11 +76,31 @@ int bus_case(uint64_t n, bool batch) {
   return s.verify(n);
 }
 
+int bulk_case(uint64_t n) {
+  bus::Bus b(bus::Options().executors(1));
+  bus::ExternalInbox inbox(b);
+  inbox.bind_to_this_thread();
+  Sum s;
+  auto sub = inbox.subscribe_bulk(numbers, [&](std::span<const uint64_t> msgs) {
+    for (uint64_t v : msgs) s.take(v);
+  });
+  uint64_t round[kRound];
+  for (uint64_t i = 1; i <= n;) {
+    uint64_t k = std::min(kRound, n - i + 1);
+    for (uint64_t j = 0; j < k; ++j) round[j] = i + j;
+    if (!b.publish_bulk(numbers, std::span<const uint64_t>(round, k)).ok()) return 2;
+    i += k;
+    inbox.drain_awake();
+  }
+  inbox.drain();
+  return s.verify(n);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s ring64|ring1|bus|busbatch N\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ring64|ring1|bus|busbatch|busbulk N\n", argv[0]);
     return 2;
   }
   std::string c = argv[1];
@@ -87,6 +109,7 @@ int main(int argc, char** argv) {
   if (c == "ring1") return ring<1>(n);
   if (c == "bus") return bus_case(n, false);
   if (c == "busbatch") return bus_case(n, true);
+  if (c == "busbulk") return bulk_case(n);
   std::fprintf(stderr, "bus_instructions: unknown case '%s'\n", c.c_str());
   return 2;
 }

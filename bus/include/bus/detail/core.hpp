@@ -188,7 +188,8 @@ class Core {
     constexpr uint32_t kWords = Payload<P>::kWords;
     if (r.held != 0) [[unlikely]]
       return false;
-    if constexpr (kRun) {
+    // (A plain thread outside a Batch has no open run: it publishes every record at once.)
+    if (kRun && p.gate != Producer::kPlainGate) {
       if (uint64_t* w = r.extend_at(reinterpret_cast<uint64_t>(target), kWords - 1)) {
         Payload<P>::construct(w, std::forward<A>(args)...);
         r.extended(kWords - 1);  // the run's ring is queued for the flush already
