@@ -21,8 +21,8 @@ inline constexpr std::size_t kCacheLine = 64;
 /// record.hpp); a header of zero marks the rest of the buffer as skipped so that a record never
 /// wraps around. The producer builds records in place (`try_reserve` + `commit`) and makes them
 /// visible with `publish`, so a batch of records costs one release store. Between two publishes
-/// consecutive sends to one target can share a header (`commit_run` + `try_extend`): the payloads
-/// of a batch then lie back to back, as in a plain array queue.
+/// consecutive sends to one target can share a header (`commit_run`, then `extend_at` and
+/// `extended`): the payloads of a batch then lie back to back, as in a plain array queue.
 class Ring {
  public:
   Ring(std::size_t capacity_words, Inbox* consumer, Inbox* producer_inbox)
@@ -123,8 +123,9 @@ class Ring {
 
   // ---- consumer side -------------------------------------------------------------------------
 
-  /// Runs `f(record)` on up to `max` records; `f` returns the record's size in words. The head is
-  /// not advanced: call `release()` once the records' effects (their sends) are published.
+  /// Runs `f(record)` on up to `max` records; `f` returns the record's size in words (for a bus
+  /// record, Target::record_words(header), runs included). The head is not advanced: call
+  /// `release()` once the records' effects (their sends) are published.
   template <class F>
   std::size_t consume(std::size_t max, F&& f) {
     std::size_t n = 0;
