@@ -265,6 +265,14 @@ class Bus {
   }
   template <class T, class F>
   Subscription subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& handler);
+  /// The topic's one subscribing inbox's target, when there is one and `p` is not a bridge
+  /// thread (which skips its own inbox): publish() then needs no copy.
+  template <class T>
+  static detail::TopicTarget<T>* sole_target(
+      const detail::Producer& p, const detail::TargetList<detail::TopicTarget<T>>* list) {
+    return list != nullptr && list->targets.size() == 1 && !p.bridge ? list->targets.front()
+                                                                     : nullptr;
+  }
   template <class T>
   Subscription add_subscriber(const Topic<T>& topic, detail::Inbox& inbox,
                               typename detail::TopicTarget<T>::Sub sub);
@@ -593,8 +601,7 @@ absl::Status Bus::publish_resolving(detail::Producer& p, const Topic<T>& topic, 
   auto& st = topic_state(topic);
   const auto* list = st.targets.load();
   absl::Status result;
-  if (list != nullptr && list->targets.size() == 1 && !p.bridge) {
-    detail::TopicTarget<T>* t = list->targets.front();
+  if (detail::TopicTarget<T>* t = sole_target(p, list)) {
     if (t->live.load(std::memory_order_relaxed) != 0) {
       detail::Ring& ring = p.ring_to(*t->inbox);
       p.routes[topic.id() % detail::Producer::kRoutes] = {
@@ -689,34 +696,18 @@ Subscription Bus::add_subscriber(const Topic<T>& topic, detail::Inbox& inbox,
 
 template <class T>
 absl::Status Bus::publish_bulk(const Topic<T>& topic, std::span<const T> msgs) {
-  detail::Core& c = *core_;
-  detail::Producer& p = c.producer();
-  if (!c.enter(p)) [[unlikely]]
+  // A batch of its own: a plain thread builds the whole span before it publishes.
+  Batch batch(*this);
+  if (!batch.accepted()) [[unlikely]]
     return detail::Core::stopped_status();
-  // A plain thread builds the whole span before it publishes (as in a Batch).
-  const auto gate = p.gate;
-  p.gate = detail::Producer::kBatchGate;
-  struct Restore {  // also when a copy throws
-    detail::Core& c;
-    detail::Producer& p;
-    detail::Producer::Gate gate;
-    ~Restore() {
-      p.gate = gate;
-      if (gate == detail::Producer::kPlainGate) p.flush();
-      c.leave(p);
-    }
-  } restore{c, p, gate};
+  detail::Producer& p = core_->producer();
   absl::Status result;
   std::size_t done = 0;
-  const auto* list = topic_state(topic).targets.load();
-  if (list != nullptr && list->targets.size() == 1 && !p.bridge) {
-    detail::TopicTarget<T>* t = list->targets.front();
-    if (t->live.load(std::memory_order_relaxed) != 0) {
-      done = detail::Core::append_all<T>(p, p.ring_to(*t->inbox), *t->inbox, t, msgs.data(),
-                                         msgs.size());
-    } else {
-      done = msgs.size();  // no subscriber: published to nobody, as publish() does
-    }
+  if (detail::TopicTarget<T>* t = sole_target(p, topic_state(topic).targets.load())) {
+    done = t->live.load(std::memory_order_relaxed) == 0
+               ? msgs.size()  // no subscriber: published to nobody, as publish() does
+               : detail::Core::append_all<T>(p, p.ring_to(*t->inbox), *t->inbox, t, msgs.data(),
+                                             msgs.size());
     p.counters.add(topic.id(), detail::kPublished, done);
   }
   // The rest (a full ring, several inboxes, a bridge thread) one by one: the overflow policy.

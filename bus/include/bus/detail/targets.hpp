@@ -135,8 +135,12 @@ struct TopicTarget : Target {
     PayloadGuard<T> guard{payload};
     const T& msg = *Payload<T>::get(payload);
     std::size_t delivered = 0;
-    for (auto& s : subs) delivered += s.bulk ? call_bulk(s, {&msg, 1}, in) : call(s, msg, in);
+    for (auto& s : subs) delivered += call_one(s, msg, in);
     return delivered;
+  }
+  /// One message to one subscriber, whichever kind.
+  std::size_t call_one(Sub& s, const T& msg, Inbox& in) {
+    return s.bulk ? call_bulk(s, {&msg, 1}, in) : call(s, msg, in);
   }
   [[gnu::always_inline]] std::size_t call(Sub& s, const T& msg, Inbox& in) {
     try {
@@ -190,8 +194,7 @@ struct TopicTarget : Target {
           continue;
         }
         for (std::size_t i = 0; i < count; ++i) {
-          const T& msg = *Payload<T>::get(at(i));
-          delivered += s.bulk ? t->call_bulk(s, {&msg, 1}, in) : t->call(s, msg, in);
+          delivered += t->call_one(s, *Payload<T>::get(at(i)), in);
         }
       }
       for (std::size_t i = 0; i < count; ++i) Payload<T>::destroy(at(i));
