@@ -21,14 +21,33 @@ struct Envelope {
                            # 13 internal = handler failed, 14 unavailable = no handler, ...);
                            # one payload follows only when it is 0
   detail @8 :Text;         # reply: a human-readable reason when code is not 0
+  requests @9 :List(RequestItem);  # request batch: one item per payload in frame 3, in order;
+                                   # then `count` = the list's length and the single-request
+                                   # fields (correlation, timeoutUs) are not used
+  replies @10 :List(ReplyItem);    # reply batch: one item per reply; frame 3 holds the payloads
+                                   # of the items whose code is 0, in order, and `count` = their
+                                   # number; correlation, code and detail above are not used
 
   enum Kind {
     publish @0;    # PUB -> SUB: topic messages
-    request @1;    # DEALER -> ROUTER: one request (count = 1)
-    reply @2;      # ROUTER -> DEALER: the reply to `correlation`
+    request @1;    # DEALER -> ROUTER: one request (count = 1), or a batch (`requests`)
+    reply @2;      # ROUTER -> DEALER: the reply to `correlation`, or a batch (`replies`)
     send @3;       # DEALER -> ROUTER: queue messages (each goes to one consumer)
     heartbeat @4;  # PUB -> SUB on the control topic: one Heartbeat payload
   }
+}
+
+# A request in a batch. Batches go only to nodes whose heartbeat says `batches`.
+struct RequestItem {
+  correlation @0 :UInt64;  # as Envelope.correlation
+  timeoutUs @1 :UInt64;    # as Envelope.timeoutUs
+}
+
+# A reply in a batch (a reply batch answers requests of one requester on one endpoint).
+struct ReplyItem {
+  correlation @0 :UInt64;  # the request's
+  code @1 :UInt16;         # as Envelope.code: 0 takes the next payload of frame 3
+  detail @2 :Text;         # as Envelope.detail
 }
 
 # The control topic "$bus.heartbeat" carries one of these from every node, every interval.
@@ -44,6 +63,8 @@ struct Heartbeat {
   goodbyes @8 :List(UInt64);   # nodes whose leaving heartbeat it received in the last few
                                # seconds: it has everything they published before leaving
                                # (the end-of-stream handshake a leaving node waits for)
+  batches @9 :Bool;            # it reads request batches (Envelope.requests) and reply batches
+                               # (Envelope.replies); send a node batches only when it says so
 }
 
 struct Channel {

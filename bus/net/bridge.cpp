@@ -224,6 +224,7 @@ void Bridge::loop() {
                        : std::max<long>(1, duration_cast<milliseconds>(until - now).count());
     zmq::poll(items, std::chrono::milliseconds(timeout));
     std::size_t work = 0;
+    bool handed_over = false;
 
     if (items[0].revents & ZMQ_POLLIN) {
       uint64_t v;
@@ -232,32 +233,42 @@ void Bridge::loop() {
     {
       // Everything arriving in one pass is published to local subscribers at once.
       Batch batch(bus_);
-      // Only sockets poll reported readable: a recv() that finds nothing still costs libzmq
-      // a poll() and a getpid().
+      // Only sockets poll reported readable (a recv() that finds nothing still costs libzmq a
+      // poll() and a getpid()), and at most kReadBudget messages and frames from each.
+      auto read = [&](auto&& next, auto&& on) {
+        std::size_t start = messages_read_;
+        for (std::size_t frames = 0;
+             frames < kReadBudget && messages_read_ - start < kReadBudget && next(); ++frames) {
+          on();
+        }
+      };
+      std::size_t read_before = messages_read_;
       if (items[3].revents & ZMQ_POLLIN) {
-        for (int i = 0; i < kReadBudget && recv(*sub_, parts); ++i, ++work) on_sub(parts);
+        read([&] { return recv(*sub_, parts); }, [&] { on_sub(parts); });
       }
       // Requests wait in the ROUTER while replies wait for room (back-pressure on requesters).
       if (items[4].revents & ZMQ_POLLIN) {
-        for (int i = 0;
-             i < kReadBudget && reply_backlog_.size() < kPauseBacklog && recv(*router_, parts, 5);
-             ++i, ++work) {
-          on_router(parts);
-        }
+        read([&] { return reply_backlog_.size() < kPauseBacklog && recv(*router_, parts, 5); },
+             [&] { on_router(parts); });
       }
       for (std::size_t d = 0; d < dealers.size(); ++d) {
         if (!(items[first_dealer + d].revents & ZMQ_POLLIN)) continue;
         // Reading may add or forget peers: look the peer up again each time.
-        for (int i = 0; i < kReadBudget; ++i) {
-          auto it = peers_.find(dealers[d]);
-          if (it == peers_.end() || !it->second.dealer || !recv(*it->second.dealer, parts)) break;
-          on_dealer(parts);
-          ++work;
-        }
+        read(
+            [&] {
+              auto it = peers_.find(dealers[d]);
+              return it != peers_.end() && it->second.dealer && recv(*it->second.dealer, parts);
+            },
+            [&] { on_dealer(parts); });
       }
+      work += messages_read_ - read_before;
+      handed_over = messages_read_ != read_before;
     }
+    // What this pass read is now in local executors' rings: on a shared CPU, let them run it
+    // now, so their answers leave with this pass rather than after everything waiting was read.
+    if (handed_over) std::this_thread::yield();
     if (items[2].revents & ZMQ_POLLIN) {
-      for (int i = 0; i < kReadBudget; ++i) {
+      for (std::size_t i = 0; i < kReadBudget; ++i) {
         zmq::message_t m;
         if (!xpub_->recv(m, zmq::recv_flags::dontwait)) break;
         on_xpub(m);
@@ -272,8 +283,9 @@ void Bridge::loop() {
       // the back-pressure through the bounded rings).
     } else {
       work += awake ? inbox_->drain_awake() : inbox_->drain();
-      flush_publishes();
     }
+    // What this pass read and drained goes out in as few frames as it fits in.
+    flush_batches();
     // While traffic flows, stay awake: poll without blocking and keep the inbox awake, so local
     // publishers do not pay an eventfd write (and we a wake-up) per message, and what arrives
     // between passes goes out together. After kSpin without work, drain once more the normal
@@ -285,7 +297,7 @@ void Bridge::loop() {
       if (Clock::now() - last_work > kSpin) {
         awake = false;
         if (!paused && inbox_->drain() > 0) awake = true;
-        flush_publishes();
+        flush_batches();
       } else {
         std::this_thread::yield();  // on a shared core, let the publishers run
       }
@@ -323,8 +335,9 @@ void Bridge::shutdown() {
         counters_.publish_dropped += stall_->count;
         stall_.reset();
       }
-      if (inbox_->drain() == 0 && queued_.empty()) break;
-      flush_publishes();
+      std::size_t drained = inbox_->drain();
+      flush_batches();
+      if (drained == 0 && queued_.empty()) break;
     }
   };
   drain_all();
@@ -359,6 +372,8 @@ void Bridge::shutdown() {
   // Requests from other nodes still waiting for a local reply are answered Cancelled by the
   // inbox as it closes (their callbacks reply through the router, still open here).
   inbox_.reset();
+  flush_replies();
+  flush_reply_backlog();
   for (auto& [id, peer] : peers_) {
     if (peer.dealer) peer.dealer->close();
   }

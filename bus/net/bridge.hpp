@@ -33,8 +33,13 @@ using std::chrono::milliseconds;
 // A topic batch is handed to ZeroMQ once it reaches this size (or when the drain that filled
 // it ends): one frame carries many messages, which is what beats one-message-per-frame ZeroMQ.
 inline constexpr std::size_t kMaxBatchBytes = 32 * 1024;
-// Messages read from one socket before the loop looks at the others (fairness).
-inline constexpr int kReadBudget = 256;
+// Requests or replies sent in one frame, at most: a batch that is too long serialises the two
+// nodes (one waits while the other works through it); a short one pipelines them.
+inline constexpr std::size_t kSendBatchItems = 256;
+// Messages (not frames: one frame may hold a batch) read from one socket in one pass of the
+// loop. Small passes pipeline: what a pass hands to local executors runs, and its answers go
+// out, while the peer works on the next part, instead of whole windows crossing in turn.
+inline constexpr std::size_t kReadBudget = 256;
 inline constexpr int kLingerMs = 1000;
 // Messages kept per peer while its pipe is full, and the total at which local input pauses.
 inline constexpr std::size_t kMaxPeerBacklog = 1 << 16;
@@ -77,6 +82,28 @@ struct ChannelDesc {
   bool operator==(const ChannelDesc&) const = default;
 };
 
+/// Requests to one peer on one endpoint, sent in one frame when the loop's pass ends.
+struct CallBatch {
+  struct Call {
+    Clock::time_point deadline;
+    std::unique_ptr<PendingCall> pending;
+  };
+  Bridged* channel = nullptr;
+  std::string bytes;  // the requests' payloads, back to back
+  std::vector<Call> calls;
+};
+
+/// Replies to one requester on one endpoint, sent in one frame when the loop's pass ends.
+struct ReplyBatch {
+  std::string identity;
+  Bridged* channel = nullptr;
+  uint64_t peer = 0;
+  std::vector<BatchItem> items;
+  std::string bytes;               // the payloads of the items whose code is 0
+  uint32_t ok = 0;                 // those items
+  std::size_t envelope_bytes = 0;  // about what the items add to the envelope
+};
+
 /// A node this one hears heartbeats from.
 struct PeerState {
   uint64_t id = 0;
@@ -90,6 +117,8 @@ struct PeerState {
   std::unique_ptr<zmq::socket_t> dealer;                // requests and queue messages to it
   std::deque<std::vector<zmq::message_t>> backlog;      // what its full pipe did not take yet
   absl::flat_hash_map<std::string, uint64_t> send_seq;  // queues: last seq sent to it per channel
+  bool batches = false;          // its heartbeat says it reads request and reply batches
+  std::vector<CallBatch> calls;  // requests to it not sent yet, one batch per endpoint
 };
 
 /// A node's figures (what its StatsD source sends).
@@ -209,6 +238,19 @@ class Bridge final : public Link {
   // outgoing
   bool send_parts(zmq::socket_t& s, std::string_view channel, const EnvelopeFields& env,
                   std::string_view payload);
+  /// Sends what the pass batched: requests, replies and topic messages.
+  void flush_batches();
+  /// Sends one request or a batch (`calls` in the order of `payloads`); fails them all when
+  /// the peer takes nothing more.
+  void send_calls(PeerState& peer, Bridged& channel, std::string_view payloads,
+                  std::vector<CallBatch::Call>& calls);
+  void flush_calls();
+  void flush_replies();
+  void send_reply_batch(ReplyBatch& b);
+  /// Queues a reply frame for the ROUTER (in order behind those waiting for room).
+  void queue_reply(Parts parts, std::size_t replies);
+  /// An UNAVAILABLE reply for a request on an endpoint this node does not export.
+  void reply_unexported(const RemoteCall& call, absl::string_view name);
   void flush_publishes();
   /// Sends to a peer's DEALER, or keeps the message in the peer's backlog while its pipe is
   /// full. False only when the backlog is full too.
@@ -262,7 +304,12 @@ class Bridge final : public Link {
   std::vector<Bridged*> imported_calls_;  // import endpoints and queues
   absl::flat_hash_map<uint64_t, PeerState> peers_;
   absl::flat_hash_map<uint64_t, absl::flat_hash_map<std::string, uint64_t>> next_seq_;
-  std::deque<std::vector<zmq::message_t>> reply_backlog_;  // replies the ROUTER did not take yet
+  // Reply frames the ROUTER did not take yet, with the replies each holds.
+  std::deque<std::pair<std::vector<zmq::message_t>, std::size_t>> reply_backlog_;
+  std::vector<ReplyBatch> reply_batches_;  // replies of this pass, per requester and endpoint
+  absl::flat_hash_map<std::pair<std::string, const Bridged*>, std::size_t> reply_batch_at_;
+  bool calls_queued_ = false;      // some peer's `calls` holds requests
+  std::size_t messages_read_ = 0;  // by on_sub, on_router and on_dealer, for the read budget
   absl::flat_hash_map<std::string, uint32_t> round_robin_;
   absl::flat_hash_map<uint64_t, Pending> pending_;
   uint64_t last_correlation_ = 0;

@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <stdexcept>
@@ -42,6 +43,7 @@ void Bridge::on_sub(Parts& parts) {
                      absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 3")));
   absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[1].data(), parts[1].size());
   if (!env.ok()) return malformed("subscriber", env.status());
+  messages_read_ += std::max<uint32_t>(env->count, 1);
   if (env->sender == id_) return;
   absl::string_view name = view(parts[0]);
   Payloads& payloads = payloads_;
@@ -123,8 +125,8 @@ void Bridge::on_router(Parts& parts) {
                      absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 4")));
   absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[2].data(), parts[2].size());
   if (!env.ok()) return malformed("request", env.status());
+  messages_read_ += std::max<uint32_t>(env->count, 1);
   std::string name(view(parts[1]));
-  RemoteCall call{std::string(view(parts[0])), env->correlation, env->sender};
   bool request = env->kind == wire::Envelope::Kind::REQUEST;
   if (env->kind == wire::Envelope::Kind::PUBLISH) {
     // A topic message sent straight to this node (by a node it does not listen to: busctl).
@@ -139,7 +141,26 @@ void Bridge::on_router(Parts& parts) {
   if (!request && env->kind != wire::Envelope::Kind::SEND) {
     return malformed("request", absl::InvalidArgumentError("not a request, send or publish"));
   }
-  if (request && name == kStatsEndpoint) return serve_stats(call);
+  // The requests this frame holds: one, or a batch. A requester that batches reads reply
+  // batches; so does one whose heartbeat says so.
+  std::vector<RemoteCall> calls;
+  if (request) {
+    auto peer = peers_.find(env->sender);
+    bool batched = !env->items.empty() || (peer != peers_.end() && peer->second.batches);
+    std::string identity(view(parts[0]));
+    if (env->items.empty()) {
+      calls.push_back({std::move(identity), env->correlation, env->sender, batched});
+    } else {
+      calls.reserve(env->items.size());
+      for (const BatchItem& item : env->items) {
+        calls.push_back({identity, item.correlation, env->sender, batched});
+      }
+    }
+  }
+  if (request && name == kStatsEndpoint) {
+    for (const RemoteCall& call : calls) serve_stats(call);
+    return;
+  }
   auto& table = request ? export_endpoints_ : export_queues_;
   auto it = table.find(name);
   if (it == table.end()) {
@@ -147,53 +168,44 @@ void Bridge::on_router(Parts& parts) {
     log_once(absl::StrCat("unexported:", name),
              absl::StrCat("node ", env->sender, " sent to '", name,
                           "', which this node does not export"));
-    if (request) {
-      EnvelopeFields r;
-      r.kind = wire::Envelope::Kind::REPLY;
-      r.sender = id_;
-      r.correlation = env->correlation;
-      r.code = static_cast<uint16_t>(absl::StatusCode::kUnavailable);
-      r.detail = absl::StrCat("bus.net: '", name, "' is not exported by node ", opt_.name());
-      zmq::message_t id(parts[0].data(), parts[0].size());
-      try {
-        if (router_->send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-          send_parts(*router_, name, r, {});
-        }
-      } catch (const zmq::error_t&) {
-        ++counters_.unroutable_replies;
-      }
-    }
+    for (const RemoteCall& call : calls) reply_unexported(call, name);
     return;
   }
   Bridged& ch = *it->second;
   Payloads& payloads = payloads_;
   absl::Status st = payloads.parse(parts[3].data(), parts[3].size(), env->count, limits_);
-  if (st.ok() && request && env->count != 1) st = absl::InvalidArgumentError("request count != 1");
+  if (st.ok() && request && env->count != calls.size()) {
+    st = absl::InvalidArgumentError(
+        absl::StrCat("request count ", env->count, " for ", calls.size(), " requests"));
+  }
   if (!st.ok()) {
     if (st.code() == absl::StatusCode::kResourceExhausted) {
       ++counters_.oversized;
     } else {
       malformed("request", st);
     }
-    if (request) reply(ch, call, st, {});  // ResourceExhausted (oversized) or InvalidArgument
+    // ResourceExhausted (oversized) or InvalidArgument
+    for (const RemoteCall& call : calls) reply(ch, call, st, {});
     return;
   }
   if (!request) return deliver(ch, *env, payloads);
   ChannelTraffic& t = traffic(name, known(env->sender));
   if (env->type_id != ch.type_id) {
-    ++t.rejected;
-    reply(ch, call,
-          absl::InvalidArgumentError(absl::StrCat("bus.net: request type id ",
-                                                  absl::Hex(env->type_id), " is not the type of '",
-                                                  name, "' here (", absl::Hex(ch.type_id), ")")),
-          {});
+    t.rejected += calls.size();
+    absl::Status wrong = absl::InvalidArgumentError(
+        absl::StrCat("bus.net: request type id ", absl::Hex(env->type_id), " is not the type of '",
+                     name, "' here (", absl::Hex(ch.type_id), ")"));
+    for (const RemoteCall& call : calls) reply(ch, call, wrong, {});
     return;
   }
-  ++t.received;
+  t.received += calls.size();
   // Bounded: a peer may send any 64-bit value (UINT64_MAX for "no deadline", say).
   constexpr uint64_t kMaxTimeoutUs = uint64_t{24} * 3600 * 1'000'000;
-  ch.serve(*this, std::move(call), payloads.items()[0],
-           microseconds(std::min(env->timeout_us, kMaxTimeoutUs)));
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    uint64_t timeout = env->items.empty() ? env->timeout_us : env->items[i].timeout_us;
+    ch.serve(*this, std::move(calls[i]), payloads.items()[i],
+             microseconds(std::min(timeout, kMaxTimeoutUs)));
+  }
 }
 
 void Bridge::on_dealer(Parts& parts) {
@@ -202,38 +214,77 @@ void Bridge::on_dealer(Parts& parts) {
                      absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 3")));
   absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[1].data(), parts[1].size());
   if (!env.ok()) return malformed("reply", env.status());
+  messages_read_ += std::max<std::size_t>(env->items.size(), 1);
   if (env->kind != wire::Envelope::Kind::REPLY) {
     return malformed("reply", absl::InvalidArgumentError("not a reply"));
   }
-  auto it = pending_.find(env->correlation);
-  if (it == pending_.end()) {
-    ++counters_.late_replies;  // its deadline passed, or its node was given up on
-    return;
+  // One reply, or a batch: both are read as a batch.
+  uint32_t with_payload = 0;
+  if (env->items.empty()) {
+    env->items.push_back({env->correlation, 0, env->code, std::move(env->detail)});
+    with_payload = env->code == 0 ? 1 : 0;  // a single reply's count is not looked at
+  } else {
+    for (const BatchItem& item : env->items) with_payload += item.code == 0 ? 1 : 0;
+    if (env->count != with_payload) {
+      return malformed("reply", absl::InvalidArgumentError(
+                                    absl::StrCat("reply batch count ", env->count, " for ",
+                                                 with_payload, " replies with code 0")));
+    }
   }
-  Pending p = std::move(it->second);
-  pending_.erase(it);
-  ChannelTraffic& t = traffic(p.channel->name, p.peer);
-  if (env->code != 0) {
-    ++t.received;
-    p.call->finish(status_from(env->code, env->detail), {});
-    return;
-  }
+  // A frame that does not parse fails the calls it answers (with code 0), not the others.
   Payloads& payloads = payloads_;
-  absl::Status st = payloads.parse(parts[2].data(), parts[2].size(), 1, limits_);
-  if (st.ok() && env->type_id != p.channel->reply_type_id) {
-    st = absl::InvalidArgumentError(absl::StrCat("reply type id ", absl::Hex(env->type_id),
-                                                 " is not the endpoint's (",
-                                                 absl::Hex(p.channel->reply_type_id), ")"));
+  absl::Status st;
+  if (with_payload > 0)
+    st = payloads.parse(parts[2].data(), parts[2].size(), with_payload, limits_);
+  std::size_t next = 0;  // the next payload
+  // Counted per (endpoint, peer) run of replies; looked up afresh each time, as a finished call
+  // may add rows (and move the table).
+  const Bridged* tally_ch = nullptr;
+  uint64_t tally_peer = 0, received = 0, rejected = 0;
+  auto settle = [&] {
+    if (tally_ch == nullptr) return;
+    ChannelTraffic& t = traffic(tally_ch->name, tally_peer);
+    t.received += received;
+    t.rejected += rejected;
+    received = rejected = 0;
+  };
+  for (BatchItem& item : env->items) {
+    std::size_t at = item.code == 0 ? next++ : 0;
+    auto it = pending_.find(item.correlation);
+    if (it == pending_.end()) {
+      ++counters_.late_replies;  // its deadline passed, or its node was given up on
+      continue;
+    }
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    if (p.channel != tally_ch || p.peer != tally_peer) {
+      settle();
+      tally_ch = p.channel;
+      tally_peer = p.peer;
+    }
+    if (item.code != 0) {
+      ++received;
+      p.call->finish(status_from(item.code, std::move(item.detail)), {});
+      continue;
+    }
+    absl::Status bad = st;
+    if (bad.ok() && env->type_id != p.channel->reply_type_id) {
+      bad = absl::InvalidArgumentError(absl::StrCat("reply type id ", absl::Hex(env->type_id),
+                                                    " is not the endpoint's (",
+                                                    absl::Hex(p.channel->reply_type_id), ")"));
+    }
+    if (!bad.ok()) {
+      ++rejected;
+      p.call->finish(
+          absl::InternalError(absl::StrCat("bus.net: bad reply from node ", p.peer, " on '",
+                                           p.channel->name, "': ", bad.message())),
+          {});
+      continue;
+    }
+    ++received;
+    p.call->finish(absl::OkStatus(), payloads.items()[at]);
   }
-  if (!st.ok()) {
-    ++t.rejected;
-    p.call->finish(absl::InternalError(absl::StrCat("bus.net: bad reply from node ", p.peer,
-                                                    " on '", p.channel->name, "': ", st.message())),
-                   {});
-    return;
-  }
-  ++t.received;
-  p.call->finish(absl::OkStatus(), payloads.items()[0]);
+  settle();
 }
 
 void Bridge::on_xpub(const zmq::message_t& m) {
@@ -321,6 +372,7 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
     p.serves = std::move(serves);
     p.imports = channels(hb.getImports());
     p.interval = milliseconds(std::clamp<uint32_t>(hb.getIntervalMs(), 1, 60'000));
+    p.batches = hb.getBatches();
     if (fresh) {
       p.id = id;
       p.name = hb.getName().cStr();

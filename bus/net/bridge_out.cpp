@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <stdexcept>
@@ -141,6 +142,7 @@ void Bridge::heartbeat(bool leaving) {
   hb.setRequestEndpoint(request_endpoint_);
   hb.setIntervalMs(static_cast<uint32_t>(opt_.heartbeat().count()));
   hb.setLeaving(leaving);
+  hb.setBatches(true);
   hb.setPublicKey(opt_.curve_keys().public_key);
   auto now = Clock::now();
   std::erase_if(goodbyes_, [&](const auto& g) { return now - g.second > std::chrono::seconds(5); });
@@ -212,26 +214,90 @@ void Bridge::call_to(uint64_t to, Bridged& channel, std::string payload, Clock::
         {});
     return;
   }
+  if (!peer->batches) {
+    std::vector<CallBatch::Call> one;
+    one.push_back({deadline, std::move(pending)});
+    return send_calls(*peer, channel, payload, one);
+  }
+  // Requests to one peer on one endpoint go out together when this pass ends: one frame, one
+  // envelope, one ZeroMQ message for the lot.
+  auto b = std::find_if(peer->calls.begin(), peer->calls.end(),
+                        [&](const CallBatch& c) { return c.channel == &channel; });
+  if (b == peer->calls.end()) {
+    b = peer->calls.emplace(peer->calls.end());
+    b->channel = &channel;
+  }
+  b->bytes.append(payload);
+  b->calls.push_back({deadline, std::move(pending)});
+  calls_queued_ = true;
+  if (b->calls.size() >= kSendBatchItems || b->bytes.size() >= kMaxBatchBytes) {
+    send_calls(*peer, channel, b->bytes, b->calls);
+    b->bytes.clear();
+    b->calls.clear();
+  }
+}
+
+void Bridge::send_calls(PeerState& peer, Bridged& channel, std::string_view payloads,
+                        std::vector<CallBatch::Call>& calls) {
+  if (calls.empty()) return;
   EnvelopeFields env;
   env.kind = wire::Envelope::Kind::REQUEST;
   env.type_id = channel.type_id;
   env.sender = id_;
-  env.count = 1;
-  env.correlation = ++last_correlation_;
-  auto left = deadline - Clock::now();
-  env.timeout_us = left > Clock::duration::zero()
-                       ? static_cast<uint64_t>(duration_cast<microseconds>(left).count())
-                       : 0;
-  if (!send_to_peer(*peer, channel.name, env, payload)) {
-    ++counters_.send_refused;
-    pending->finish(absl::ResourceExhaustedError(absl::StrCat(
-                        "bus.net: no room toward node '", peer->name, "' for '", channel.name,
-                        "' (it is not taking requests as fast as they come)")),
-                    {});
+  env.count = static_cast<uint32_t>(calls.size());
+  auto now = Clock::now();
+  auto timeout_us = [&](Clock::time_point deadline) -> uint64_t {
+    auto left = deadline - now;
+    return left > Clock::duration::zero()
+               ? static_cast<uint64_t>(duration_cast<microseconds>(left).count())
+               : 0;
+  };
+  uint64_t first = last_correlation_ + 1;
+  if (calls.size() == 1) {
+    env.correlation = first;
+    env.timeout_us = timeout_us(calls[0].deadline);
+  } else {
+    env.items.resize(calls.size());
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      env.items[i].correlation = first + i;
+      env.items[i].timeout_us = timeout_us(calls[i].deadline);
+    }
+  }
+  if (!send_to_peer(peer, channel.name, env, payloads)) {
+    counters_.send_refused += calls.size();
+    for (auto& c : calls) {
+      c.pending->finish(absl::ResourceExhaustedError(absl::StrCat(
+                            "bus.net: no room toward node '", peer.name, "' for '", channel.name,
+                            "' (it is not taking requests as fast as they come)")),
+                        {});
+    }
     return;
   }
-  ++traffic(channel.name, peer->id).sent;
-  pending_.emplace(env.correlation, Pending{peer->id, &channel, deadline, std::move(pending)});
+  last_correlation_ += calls.size();
+  ++counters_.request_frames;
+  traffic(channel.name, peer.id).sent += calls.size();
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    pending_.emplace(first + i,
+                     Pending{peer.id, &channel, calls[i].deadline, std::move(calls[i].pending)});
+  }
+}
+
+void Bridge::flush_calls() {
+  if (!calls_queued_) return;
+  calls_queued_ = false;
+  for (auto& [id, peer] : peers_) {
+    for (CallBatch& b : peer.calls) {
+      send_calls(peer, *b.channel, b.bytes, b.calls);
+      b.bytes.clear();
+      b.calls.clear();
+    }
+  }
+}
+
+void Bridge::flush_batches() {
+  flush_calls();
+  flush_replies();
+  flush_publishes();
 }
 
 absl::Status Bridge::send(Bridged& channel, std::string payload) {
@@ -272,6 +338,35 @@ void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& s
     return reply(channel, to, absl::ResourceExhaustedError("bus.net: reply over max_message_bytes"),
                  {});
   }
+  if (to.batched) {
+    // With the other replies to that requester on that endpoint, when this pass ends.
+    auto [at, fresh] = reply_batch_at_.try_emplace(std::pair(to.identity, &channel));
+    if (fresh) {
+      at->second = reply_batches_.size();
+      ReplyBatch& b = reply_batches_.emplace_back();
+      b.identity = to.identity;
+      b.channel = &channel;
+      b.peer = to.peer;
+    }
+    ReplyBatch& b = reply_batches_[at->second];
+    BatchItem& item = b.items.emplace_back();
+    item.correlation = to.correlation;
+    item.code = static_cast<uint16_t>(status.code());
+    b.envelope_bytes += 3 * sizeof(capnp::word);
+    if (status.ok()) {
+      b.bytes.append(payload);
+      ++b.ok;
+    } else {
+      item.detail = std::string(status.message().substr(0, 1024));
+      b.envelope_bytes += item.detail.size() + 8;
+    }
+    // Within what a receiver takes as an envelope (decode_envelope's bound).
+    if (b.items.size() >= kSendBatchItems || b.bytes.size() >= kMaxBatchBytes ||
+        b.envelope_bytes >= 32 * 1024) {
+      send_reply_batch(b);
+    }
+    return;
+  }
   EnvelopeFields env;
   env.kind = wire::Envelope::Kind::REPLY;
   env.type_id = status.ok() ? channel.reply_type_id : 0;
@@ -287,24 +382,81 @@ void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& s
   parts.emplace_back(e.data(), e.size());
   parts.emplace_back(payload.data(), payload.size());
   ++traffic(channel.name, known(to.peer)).sent;
+  queue_reply(std::move(parts), 1);
+}
+
+void Bridge::send_reply_batch(ReplyBatch& b) {
+  if (b.items.empty()) return;
+  std::size_t n = b.items.size();
+  EnvelopeFields env;
+  env.kind = wire::Envelope::Kind::REPLY;
+  env.sender = id_;
+  env.type_id = b.ok > 0 ? b.channel->reply_type_id : 0;
+  env.count = b.ok;
+  if (n == 1) {
+    env.correlation = b.items[0].correlation;
+    env.code = b.items[0].code;
+    env.detail = std::move(b.items[0].detail);
+  } else {
+    env.items = std::move(b.items);
+  }
+  std::string e = encode_envelope(env);
+  Parts parts;
+  parts.emplace_back(b.identity.data(), b.identity.size());
+  parts.emplace_back(b.channel->name.data(), b.channel->name.size());
+  parts.emplace_back(e.data(), e.size());
+  parts.emplace_back(b.bytes.data(), b.bytes.size());
+  traffic(b.channel->name, known(b.peer)).sent += n;
+  b.items.clear();
+  b.bytes.clear();
+  b.ok = 0;
+  b.envelope_bytes = 0;
+  queue_reply(std::move(parts), n);
+}
+
+void Bridge::flush_replies() {
+  if (reply_batches_.empty()) return;
+  for (ReplyBatch& b : reply_batches_) send_reply_batch(b);
+  reply_batches_.clear();
+  reply_batch_at_.clear();
+}
+
+void Bridge::queue_reply(Parts parts, std::size_t replies) {
   if (reply_backlog_.size() >= kMaxPeerBacklog) {
-    ++counters_.unroutable_replies;
+    counters_.unroutable_replies += replies;
     return;
   }
   // In order behind what is waiting already; the ROUTER takes it when the requester's pipe has
   // room (its high-water mark: the requester is not reading as fast as it asks).
-  reply_backlog_.push_back(std::move(parts));
+  ++counters_.reply_frames;
+  reply_backlog_.push_back({std::move(parts), replies});
   flush_reply_backlog();
+}
+
+void Bridge::reply_unexported(const RemoteCall& call, absl::string_view name) {
+  EnvelopeFields r;
+  r.kind = wire::Envelope::Kind::REPLY;
+  r.sender = id_;
+  r.correlation = call.correlation;
+  r.code = static_cast<uint16_t>(absl::StatusCode::kUnavailable);
+  r.detail = absl::StrCat("bus.net: '", name, "' is not exported by node ", opt_.name());
+  std::string e = encode_envelope(r);
+  Parts parts;
+  parts.emplace_back(call.identity.data(), call.identity.size());
+  parts.emplace_back(name.data(), name.size());
+  parts.emplace_back(e.data(), e.size());
+  parts.emplace_back();
+  queue_reply(std::move(parts), 1);
 }
 
 void Bridge::flush_reply_backlog() {
   while (!reply_backlog_.empty()) {
     try {
       // EAGAIN: that requester's pipe is full; keep the order, retry later.
-      if (!send_all(*router_, reply_backlog_.front())) return;
+      if (!send_all(*router_, reply_backlog_.front().first)) return;
     } catch (const zmq::error_t&) {
       // EHOSTUNREACH (ROUTER_MANDATORY): the requester disconnected.
-      ++counters_.unroutable_replies;
+      counters_.unroutable_replies += reply_backlog_.front().second;
     }
     reply_backlog_.pop_front();
   }
@@ -360,6 +512,12 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why) {
     auto node = pending_.extract(corr);
     ++counters_.calls_peer_gone;
     node.mapped().call->finish(why, {});
+  }
+  for (CallBatch& b : it->second.calls) {
+    for (auto& c : b.calls) {
+      ++counters_.calls_peer_gone;
+      c.pending->finish(why, {});
+    }
   }
   if (!it->second.backlog.empty()) {
     // Queue messages and requests that never left: the requests failed above; count the rest.

@@ -56,23 +56,52 @@ std::string encode_envelope(const EnvelopeFields& f) {
   e.setTimeoutUs(f.timeout_us);
   e.setCode(f.code);
   if (!f.detail.empty()) e.setDetail(f.detail);
+  if (!f.items.empty()) {
+    auto n = static_cast<unsigned>(f.items.size());
+    if (f.kind == wire::Envelope::Kind::REQUEST) {
+      auto list = e.initRequests(n);
+      for (unsigned i = 0; i < n; ++i) {
+        list[i].setCorrelation(f.items[i].correlation);
+        list[i].setTimeoutUs(f.items[i].timeout_us);
+      }
+    } else {
+      auto list = e.initReplies(n);
+      for (unsigned i = 0; i < n; ++i) {
+        list[i].setCorrelation(f.items[i].correlation);
+        list[i].setCode(f.items[i].code);
+        if (!f.items[i].detail.empty()) list[i].setDetail(f.items[i].detail);
+      }
+    }
+  }
   std::string out;
   append_message(builder, out);
   return out;
 }
 
 absl::StatusOr<EnvelopeFields> decode_envelope(const void* bytes, std::size_t size) {
-  // An envelope is small: anything over 4 KiB is not one.
-  if (size < sizeof(capnp::word) || size % sizeof(capnp::word) != 0 || size > 4096) {
+  // An envelope is small: a few words, plus up to kMaxBatchItems items of a batch (3 words and
+  // a detail text each). Anything over the bound is not one.
+  constexpr std::size_t kMaxBytes = 4096 + kMaxBatchItems * 64;
+  if (size < sizeof(capnp::word) || size % sizeof(capnp::word) != 0 || size > kMaxBytes) {
     return absl::InvalidArgumentError(absl::StrCat("envelope frame of ", size, " bytes"));
   }
-  capnp::word aligned[4096 / sizeof(capnp::word)];
+  // Cap'n Proto reads aligned words only; ZeroMQ's frames mostly are not.
+  constexpr std::size_t kStackWords = 4096 / sizeof(capnp::word);
+  capnp::word stack[kStackWords];
+  kj::Array<capnp::word> heap;
+  capnp::word* aligned = stack;
+  std::size_t words = size / sizeof(capnp::word);
+  if (words > kStackWords) {
+    heap = kj::heapArray<capnp::word>(words);
+    aligned = heap.begin();
+  }
   std::memcpy(aligned, bytes, size);
   try {
     capnp::ReaderOptions o;
-    o.traversalLimitInWords = 1024;
+    // Bounded by the frame's own size: no amplification through shared pointers.
+    o.traversalLimitInWords = 1024 + 2 * words;
     o.nestingLimit = 4;
-    capnp::FlatArrayMessageReader reader(kj::arrayPtr(aligned, size / sizeof(capnp::word)), o);
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(aligned, words), o);
     auto e = reader.getRoot<wire::Envelope>();
     EnvelopeFields f;
     f.kind = e.getKind();
@@ -83,9 +112,31 @@ absl::StatusOr<EnvelopeFields> decode_envelope(const void* bytes, std::size_t si
     f.correlation = e.getCorrelation();
     f.timeout_us = e.getTimeoutUs();
     f.code = e.getCode();
-    if (e.hasDetail()) {
-      auto d = e.getDetail();
-      f.detail.assign(d.begin(), std::min<std::size_t>(d.size(), 1024));
+    auto text = [](capnp::Text::Reader d) {
+      return std::string(d.begin(), std::min<std::size_t>(d.size(), 1024));
+    };
+    if (e.hasDetail()) f.detail = text(e.getDetail());
+    if (f.kind == wire::Envelope::Kind::REQUEST && e.hasRequests()) {
+      auto list = e.getRequests();
+      if (list.size() > kMaxBatchItems) {
+        return absl::InvalidArgumentError(absl::StrCat("a batch of ", list.size(), " requests"));
+      }
+      f.items.resize(list.size());
+      for (unsigned i = 0; i < list.size(); ++i) {
+        f.items[i].correlation = list[i].getCorrelation();
+        f.items[i].timeout_us = list[i].getTimeoutUs();
+      }
+    } else if (f.kind == wire::Envelope::Kind::REPLY && e.hasReplies()) {
+      auto list = e.getReplies();
+      if (list.size() > kMaxBatchItems) {
+        return absl::InvalidArgumentError(absl::StrCat("a batch of ", list.size(), " replies"));
+      }
+      f.items.resize(list.size());
+      for (unsigned i = 0; i < list.size(); ++i) {
+        f.items[i].correlation = list[i].getCorrelation();
+        f.items[i].code = list[i].getCode();
+        if (list[i].hasDetail()) f.items[i].detail = text(list[i].getDetail());
+      }
     }
     return f;
   } catch (const kj::Exception& ex) {

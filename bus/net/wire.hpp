@@ -22,6 +22,17 @@ inline constexpr char kHeartbeatTopic[] = "$bus.heartbeat";
 /// Every node answers its figures here (wire::NodeStatsRequest -> wire::NodeStatsReply).
 inline constexpr char kStatsEndpoint[] = "$bus.stats";
 
+/// A request or a reply in a batch (Envelope.requests / Envelope.replies).
+struct BatchItem {
+  uint64_t correlation = 0;
+  uint64_t timeout_us = 0;  // requests
+  uint16_t code = 0;        // replies
+  std::string detail;       // replies
+};
+
+/// Requests or replies in one batch, at most.
+inline constexpr std::size_t kMaxBatchItems = 1024;
+
 /// Envelope fields as plain values (frame 2).
 struct EnvelopeFields {
   wire::Envelope::Kind kind = wire::Envelope::Kind::PUBLISH;
@@ -33,6 +44,8 @@ struct EnvelopeFields {
   uint64_t timeout_us = 0;
   uint16_t code = 0;
   std::string detail;
+  // A request or reply batch (kind request or reply); empty for a single one.
+  std::vector<BatchItem> items;
 };
 
 /// Frame 2: the envelope as one Cap'n Proto message.

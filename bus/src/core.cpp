@@ -225,6 +225,10 @@ constexpr std::size_t kStreamRecords = 4;
 }  // namespace
 
 void Core::run_executor(Inbox& in, unsigned index) {
+  // Before pinning (a pinned executor spins for producers on other CPUs): with the whole process
+  // on one CPU, the producers it waits for need this CPU, so it yields it between looks instead
+  // of pausing (see on_one_cpu()).
+  const bool yield_cpu = on_one_cpu();
   if (options_.pin_executors()) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -275,8 +279,13 @@ void Core::run_executor(Inbox& in, unsigned index) {
       const int pauses = since_spin >= kStreamRecords ? 64 : 1;
       auto until = Clock::now() + options_.spin();
       for (uint64_t paused = 0; !work;) {
-        for (int i = 0; i < pauses; ++i) cpu_relax();
-        paused += pauses;
+        if (yield_cpu) {
+          std::this_thread::yield();  // a syscall: worth the full look every time
+          paused += 64;
+        } else {
+          for (int i = 0; i < pauses; ++i) cpu_relax();
+          paused += pauses;
+        }
         work = in.has_records();
         if (!work && paused % 64 == 0) {
           work = in.ready() || state() != s || (!p.backlog.empty() && p.backlog_has_room());

@@ -200,8 +200,8 @@ bool Inbox::cancel_timer(uint64_t id) {
 std::optional<Clock::time_point> Inbox::next_timer() const {
   std::optional<Clock::time_point> next;
   if (!timers_.empty()) next = timers_.begin()->first.first;
-  if (!deadlines_.empty() && (!next || deadlines_.front().first < *next)) {
-    next = deadlines_.front().first;
+  if (!deadlines_.empty() && (!next || deadlines_.top().first < *next)) {
+    next = deadlines_.top().first;
   }
   return next;
 }
@@ -257,29 +257,23 @@ void Inbox::drop_user_timers() {
 void Inbox::add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline,
                         CompleteFn fn) {
   pending_.emplace(corr, Pending{std::move(fn), channel});
-  deadlines_.emplace_back(deadline, corr);
-  std::push_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
+  deadlines_.push(deadline, corr);
   if (deadlines_.size() > 2 * pending_.size() + 64) {
     // Mostly answered entries: keep the pending ones' (answers out of deadline order leave
-    // entries below the top; this bounds them to about the number pending).
-    std::erase_if(deadlines_, [this](const Deadline& d) { return !pending_.contains(d.second); });
-    std::make_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
+    // entries behind the first; this bounds them to about the number pending).
+    deadlines_.retain([this](uint64_t c) { return pending_.contains(c); });
   }
 }
 
 void Inbox::pop_answered_deadlines() {
-  while (!deadlines_.empty() && !pending_.contains(deadlines_.front().second)) {
-    std::pop_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
-    deadlines_.pop_back();
-  }
+  while (!deadlines_.empty() && !pending_.contains(deadlines_.top().second)) deadlines_.pop();
 }
 
 std::size_t Inbox::expire_due(Clock::time_point now) {
   std::size_t n = 0;
-  while (!deadlines_.empty() && deadlines_.front().first <= now) {
-    uint64_t corr = deadlines_.front().second;
-    std::pop_heap(deadlines_.begin(), deadlines_.end(), std::greater<>());
-    deadlines_.pop_back();
+  while (!deadlines_.empty() && deadlines_.top().first <= now) {
+    uint64_t corr = deadlines_.top().second;
+    deadlines_.pop();
     auto it = pending_.find(corr);
     if (it == pending_.end()) continue;  // answered
     // Counted like a timer tick (see run_due_timers()).
@@ -313,7 +307,7 @@ void Inbox::complete(uint64_t corr, uint32_t channel, absl::Status status, void*
   }
   Pending p = std::move(it->second);
   pending_.erase(it);
-  if (!deadlines_.empty() && deadlines_.front().second == corr) pop_answered_deadlines();
+  if (!deadlines_.empty() && deadlines_.top().second == corr) pop_answered_deadlines();
   p.fn(std::move(status), reply);
 }
 

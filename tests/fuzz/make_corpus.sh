@@ -43,6 +43,19 @@ demo() { capnp encode $schemas/demo.capnp "$@"; }
 envelope '(kind = reply, sender = 1234, correlation = 8, code = 5, detail = "no sensor")' \
   >"$out/reply-error"
 
+# A request batch (two requests) and a reply batch (one reply, one error).
+{
+  envelope "(kind = request, typeId = $request, sender = 99, count = 2, \
+requests = [(correlation = 9, timeoutUs = 5000000), (correlation = 10, timeoutUs = 4999990)])"
+  demo StatsRequest <<<'(sensor = "kitchen")'
+  demo StatsRequest <<<'(sensor = "attic")'
+} >"$out/request-batch"
+{
+  envelope "(kind = reply, typeId = $reply, sender = 1234, count = 1, \
+replies = [(correlation = 10, code = 5, detail = \"no sensor\"), (correlation = 9)])"
+  demo StatsReply <<<'(readings = 42, missed = 0)'
+} >"$out/reply-batch"
+
 # A queue message.
 {
   envelope "(kind = send, typeId = $reading, sender = 99, seq = 1, count = 1)"

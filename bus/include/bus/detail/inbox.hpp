@@ -5,9 +5,12 @@
 #include <absl/functional/any_invocable.h>
 #include <absl/status/status.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +25,54 @@ namespace bus::detail {
 
 class Core;
 using Clock = std::chrono::steady_clock;
+
+/// The pending requests' deadlines of one inbox, earliest first, with no allocation per request.
+/// Most come in order (one timeout per call site): those go to a FIFO, where an answer in order
+/// pops its entry in O(1); the others go to a min-heap. An answered request's entry stays until
+/// it is first (Inbox::complete pops answered ones there) or a sweep drops it.
+class Deadlines {
+ public:
+  using Entry = std::pair<Clock::time_point, uint64_t>;  // deadline, correlation
+
+  bool empty() const { return fifo_.empty() && heap_.empty(); }
+  std::size_t size() const { return fifo_.size() + heap_.size(); }
+  void push(Clock::time_point at, uint64_t corr) {
+    if (fifo_.empty() || at >= fifo_.back().first) {
+      fifo_.emplace_back(at, corr);
+    } else {
+      heap_.emplace_back(at, corr);
+      std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+    }
+  }
+  /// The earliest; not empty().
+  const Entry& top() const { return from_fifo() ? fifo_.front() : heap_.front(); }
+  void pop() {
+    if (from_fifo()) {
+      fifo_.pop_front();
+    } else {
+      std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
+      heap_.pop_back();
+    }
+  }
+  /// Keeps the entries for which `keep(correlation)` holds.
+  template <class F>
+  void retain(F keep) {
+    std::erase_if(fifo_, [&](const Entry& e) { return !keep(e.second); });
+    std::erase_if(heap_, [&](const Entry& e) { return !keep(e.second); });
+    std::make_heap(heap_.begin(), heap_.end(), std::greater<>());
+  }
+  void clear() {
+    fifo_.clear();
+    heap_.clear();
+  }
+
+ private:
+  bool from_fifo() const {
+    return heap_.empty() || (!fifo_.empty() && fifo_.front() < heap_.front());
+  }
+  std::deque<Entry> fifo_;  // in deadline order
+  std::vector<Entry> heap_;
+};
 
 /// Counters an inbox keeps per channel (its thread is their only writer).
 enum InboxCounter : std::size_t {
@@ -152,7 +203,6 @@ class Inbox {
     CompleteFn fn;
     uint32_t channel;
   };
-  using Deadline = std::pair<Clock::time_point, uint64_t>;  // (deadline, correlation)
 
   void adopt_rings();
   std::size_t drain_ring(Ring& ring);
@@ -173,10 +223,9 @@ class Inbox {
   uint64_t firing_ = 0;  // id of the periodic timer being run
   bool firing_cancelled_ = false;
   absl::flat_hash_map<uint64_t, Pending> pending_;
-  // The pending requests' deadlines: a min-heap (std::greater) with no allocation per request.
-  // An answered request's entry stays until it reaches the top (complete() pops answered ones
-  // there) or the heap is rebuilt from pending_ once it holds over twice as many entries.
-  std::vector<Deadline> deadlines_;
+  // The pending requests' deadlines; swept of answered entries once it holds over twice as many
+  // as there are requests pending.
+  Deadlines deadlines_;
   void pop_answered_deadlines();
   std::size_t expire_due(Clock::time_point now);
   std::vector<TimerFn> deferred_;

@@ -29,6 +29,11 @@ inline void light_barrier() {
   }
 }
 
+/// True when the calling thread may run on one CPU only (its affinity mask, as threads it starts
+/// inherit it). Polling for another thread's work is then pure waste: that thread needs this
+/// very CPU to do it. Spinning waits park at once instead, as adaptive locks do on one CPU.
+bool on_one_cpu();
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();

@@ -56,6 +56,10 @@ struct NodeStats {
   uint64_t unroutable_replies = 0;      // replies whose requester disconnected
   uint64_t send_refused = 0;  // requests or queue messages refused: no room toward the peer
   uint64_t auth_denied = 0;   // connections refused by the CURVE allowlist
+  // Frames that carried requests / replies: one each, or a batch of several (to and from nodes
+  // that read batches). Requests sent over request_frames is the batching achieved.
+  uint64_t request_frames = 0;
+  uint64_t reply_frames = 0;
 
   /// Sums over peers for `channel`.
   ChannelTraffic channel(std::string_view channel) const {

@@ -84,6 +84,7 @@ struct RemoteCall {
   std::string identity;  // the requester's DEALER, as the ROUTER names it
   uint64_t correlation = 0;
   uint64_t peer = 0;
+  bool batched = false;  // the requester reads reply batches
 };
 
 class Bridged;
