@@ -20,6 +20,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "bus/detail/pool.hpp"
 #include "bus/net/node.hpp"
 #include "wire.hpp"
 
@@ -120,6 +121,9 @@ struct PeerState {
   bool batches = false;          // its heartbeat says it reads request and reply batches
   std::vector<CallBatch> calls;  // requests to it not sent yet, one batch per endpoint
 };
+
+/// A frame holding a copy of `bytes` (big ones in a pooled buffer ZeroMQ frees when sent).
+zmq::message_t frame(std::string_view bytes);
 
 /// A node's figures (what its StatsD source sends).
 void node_figures(const NodeStats& s, StatsdSink& out);

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <stdexcept>
 
@@ -27,6 +29,37 @@ bool send_all(zmq::socket_t& s, std::vector<zmq::message_t>& parts) {
 }
 }  // namespace
 
+#if defined(__SANITIZE_THREAD__)
+#define BUS_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define BUS_TSAN 1
+#endif
+#endif
+#if defined(BUS_TSAN)
+// ZeroMQ hands frames to its I/O thread through pipes TSan cannot see (tests/tsan.supp): a
+// pooled buffer freed there and reused here would be reported as a race. Under TSan, frames are
+// ZeroMQ's own copies (allocated and freed inside libzmq, which the suppressions cover).
+constexpr std::size_t kPooledFrame = std::numeric_limits<std::size_t>::max();
+#else
+constexpr std::size_t kPooledFrame = 256;
+#endif
+
+zmq::message_t frame(std::string_view bytes) {
+  // Small frames: ZeroMQ keeps them inside the message itself.
+  if (bytes.size() < kPooledFrame) return zmq::message_t(bytes.data(), bytes.size());
+  // The rest: a pooled buffer that ZeroMQ's I/O thread frees once sent, so the buffers cycle
+  // between the two threads instead of growing and trimming the heap (see bus/detail/pool.hpp).
+  void* p = bus::detail::pool_alloc(bytes.size());
+  std::memcpy(p, bytes.data(), bytes.size());
+  return zmq::message_t(
+      p, bytes.size(),
+      [](void* data, void* size) {
+        bus::detail::pool_free(data, reinterpret_cast<std::size_t>(size));
+      },
+      reinterpret_cast<void*>(bytes.size()));
+}
+
 bool Bridge::send_parts(zmq::socket_t& s, std::string_view channel, const EnvelopeFields& env,
                         std::string_view payload) {
   std::string e = encode_envelope(env);
@@ -35,7 +68,7 @@ bool Bridge::send_parts(zmq::socket_t& s, std::string_view channel, const Envelo
     return false;
   }
   s.send(zmq::buffer(e), zmq::send_flags::sndmore);
-  s.send(zmq::buffer(payload), zmq::send_flags::none);
+  s.send(frame(payload), zmq::send_flags::none);
   return true;
 }
 
@@ -49,7 +82,7 @@ bool Bridge::send_to_peer(PeerState& peer, std::string_view channel, const Envel
   Parts parts;
   parts.emplace_back(channel.data(), channel.size());
   parts.emplace_back(e.data(), e.size());
-  parts.emplace_back(payload.data(), payload.size());
+  parts.push_back(frame(payload));
   peer.backlog.push_back(std::move(parts));
   ++backlogged_;
   return true;
@@ -104,7 +137,7 @@ void Bridge::flush_publishes() {
     Stall stall;
     stall.parts.emplace_back(ch->name.data(), ch->name.size());
     stall.parts.emplace_back(e.data(), e.size());
-    stall.parts.emplace_back(out->bytes.data(), out->bytes.size());
+    stall.parts.push_back(frame(out->bytes));
     stall.count = out->count;
     out->bytes.clear();
     out->count = 0;
@@ -405,7 +438,7 @@ void Bridge::send_reply_batch(ReplyBatch& b) {
   parts.emplace_back(b.identity.data(), b.identity.size());
   parts.emplace_back(b.channel->name.data(), b.channel->name.size());
   parts.emplace_back(e.data(), e.size());
-  parts.emplace_back(b.bytes.data(), b.bytes.size());
+  parts.push_back(frame(b.bytes));
   traffic(b.channel->name, known(b.peer)).sent += n;
   b.items.clear();
   b.bytes.clear();

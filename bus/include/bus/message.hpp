@@ -19,6 +19,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "bus/detail/pool.hpp"
+
 namespace bus {
 
 namespace detail {
@@ -74,7 +76,7 @@ class Message {
   explicit Message(Reader root) {
     std::size_t words = root.totalSize().wordCount + 1;  // + the root pointer
     // One allocation: the reference count and reader, then the stream header and the words.
-    void* mem = ::operator new(sizeof(State) + (words + 1) * sizeof(capnp::word));
+    void* mem = detail::pool_alloc(sizeof(State) + (words + 1) * sizeof(capnp::word));
     auto* body = reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + sizeof(State));
     std::memset(body, 0, (words + 1) * sizeof(capnp::word));
     auto* header = reinterpret_cast<uint32_t*>(body);
@@ -83,7 +85,7 @@ class Message {
     try {
       capnp::copyToUnchecked(root, kj::arrayPtr(body + 1, words));
     } catch (...) {
-      ::operator delete(mem);
+      detail::pool_free(mem, sizeof(State) + (words + 1) * sizeof(capnp::word));
       throw;
     }
     state_ = ::new (mem) State{{1}, capnp::readMessageUnchecked<S>(body + 1), words + 1};
@@ -99,8 +101,9 @@ class Message {
   ~Message() {
     // acq_rel: the last owner must see every other owner's reads done before it frees.
     if (state_ && state_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::size_t bytes = sizeof(State) + state_->words * sizeof(capnp::word);
       state_->~State();
-      ::operator delete(state_);
+      detail::pool_free(state_, bytes);
     }
   }
 
