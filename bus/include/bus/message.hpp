@@ -54,6 +54,10 @@ class ScratchBuilder {
 };
 }  // namespace detail
 
+namespace detail {
+struct MessageAccess;
+}
+
 /// An immutable, ref-counted Cap'n Proto message of struct `S`: the flat words plus a typed
 /// reader. Copies share one buffer, so every local subscriber reads the same bytes, and the
 /// bridge hands exactly those bytes to ZeroMQ.
@@ -61,9 +65,11 @@ class ScratchBuilder {
 ///   auto m = bus::build<Reading>([](Reading::Builder r) { r.setValue(21.5); });
 ///   double v = m->getValue();
 ///
-/// The buffer is kept in Cap'n Proto's "unchecked" layout (one segment, no far pointers, made by
-/// copyToUnchecked) behind a one-segment stream header: readers need no bounds checks and no
-/// traversal counter, so threads may read one message concurrently.
+/// The buffer is kept in Cap'n Proto's "unchecked" layout (one segment, no far pointers: made by
+/// copyToUnchecked, or a one-segment builder's words as they are) behind a one-segment stream
+/// header: readers need no bounds checks and no traversal counter, so threads may read one message
+/// concurrently.
+
 template <class S>
 class Message {
  public:
@@ -119,6 +125,23 @@ class Message {
   kj::ArrayPtr<const kj::byte> bytes() const { return words().asBytes(); }
 
  private:
+  friend struct detail::MessageAccess;
+  /// Takes a builder's only segment as it is: a one-segment builder has no far pointers and its
+  /// root pointer first, which is the unchecked layout. One copy, no traversal (build() uses it).
+  static Message from_segment(kj::ArrayPtr<const capnp::word> segment) {
+    std::size_t words = segment.size();
+    void* mem = detail::pool_alloc(sizeof(State) + (words + 1) * sizeof(capnp::word));
+    auto* body = reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + sizeof(State));
+    auto* header = reinterpret_cast<uint32_t*>(body);
+    header[0] = 0;  // one segment
+    header[1] = static_cast<uint32_t>(words);
+    std::memcpy(body + 1, segment.begin(), words * sizeof(capnp::word));
+    Message m(Adopt{});
+    m.state_ = ::new (mem) State{{1}, capnp::readMessageUnchecked<S>(body + 1), words + 1};
+    return m;
+  }
+  struct Adopt {};
+  explicit Message(Adopt) noexcept {}  // no buffer yet: from_segment() sets it
   struct alignas(capnp::word) State {
     std::atomic<uint32_t> refs;
     Reader root;
@@ -128,11 +151,22 @@ class Message {
   State* state_ = nullptr;
 };
 
+namespace detail {
+struct MessageAccess {
+  template <class S>
+  static Message<S> from_segment(kj::ArrayPtr<const capnp::word> segment) {
+    return Message<S>::from_segment(segment);
+  }
+};
+}  // namespace detail
+
 /// Builds a Message<S>: `fill(S::Builder)` sets the fields.
 template <class S, class F>
 requires std::invocable<F&, typename S::Builder> Message<S> build(F&& fill) {
   detail::ScratchBuilder builder;
   fill(builder.get().initRoot<S>());
+  auto segments = builder.get().getSegmentsForOutput();
+  if (segments.size() == 1) return detail::MessageAccess::from_segment<S>(segments[0]);
   return Message<S>(builder.get().getRoot<S>().asReader());
 }
 
