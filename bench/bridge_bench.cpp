@@ -5,8 +5,9 @@
 // keys: runs=5, warmup=1 (unreported rounds first), scale=1 (multiplies every case's message
 // count: each is set for a run of about 1-2 s here), window=1000 (pipelined requests outstanding),
 // rr_size=16 (request and reply payload bytes), nats=nats://127.0.0.1:4222 (empty: skip NATS),
-// nats_pid= (the broker's pid: its CPU is reported too), port=47300 (the first of the ports
-// used), filter= (only the cases whose id contains it).
+// nats_pid= (the broker's pid: its CPU is reported too), port=27300 (the first of the ports
+// used; below Linux's ephemeral range, 32768-60999, where a connection's own local port could
+// already hold one), filter= (only the cases whose id contains it).
 //
 // Every case is two processes, started from the programs beside this one (bus_bridge_bus,
 // bus_bridge_zmq, bus_bridge_nats): the receiving side (subscriber, server) under
@@ -381,7 +382,7 @@ std::string size_name(uint64_t b) { return b >= 1024 ? num(b / 1024) + " KiB" : 
 
 int main(int argc, char** argv) {
   std::map<std::string, std::string> opt = {
-      {"runs", "5"},  {"warmup", "1"},    {"scale", "1"},    {"nats", ""},     {"port", "47300"},
+      {"runs", "5"},  {"warmup", "1"},    {"scale", "1"},    {"nats", ""},     {"port", "27300"},
       {"filter", ""}, {"window", "1000"}, {"rr_size", "16"}, {"nats_pid", "0"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
