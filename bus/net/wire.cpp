@@ -116,28 +116,29 @@ absl::StatusOr<EnvelopeFields> decode_envelope(const void* bytes, std::size_t si
       return std::string(d.begin(), std::min<std::size_t>(d.size(), 1024));
     };
     if (e.hasDetail()) f.detail = text(e.getDetail());
+    // A batch's items, each read by `item(reader, BatchItem&)`.
+    auto items = [&](auto list, const char* what, auto item) -> absl::Status {
+      if (list.size() > kMaxBatchItems) {
+        return absl::InvalidArgumentError(absl::StrCat("a batch of ", list.size(), " ", what));
+      }
+      f.items.resize(list.size());
+      for (unsigned i = 0; i < list.size(); ++i) item(list[i], f.items[i]);
+      return absl::OkStatus();
+    };
+    absl::Status st;
     if (f.kind == wire::Envelope::Kind::REQUEST && e.hasRequests()) {
-      auto list = e.getRequests();
-      if (list.size() > kMaxBatchItems) {
-        return absl::InvalidArgumentError(absl::StrCat("a batch of ", list.size(), " requests"));
-      }
-      f.items.resize(list.size());
-      for (unsigned i = 0; i < list.size(); ++i) {
-        f.items[i].correlation = list[i].getCorrelation();
-        f.items[i].timeout_us = list[i].getTimeoutUs();
-      }
+      st = items(e.getRequests(), "requests", [](auto r, BatchItem& b) {
+        b.correlation = r.getCorrelation();
+        b.timeout_us = r.getTimeoutUs();
+      });
     } else if (f.kind == wire::Envelope::Kind::REPLY && e.hasReplies()) {
-      auto list = e.getReplies();
-      if (list.size() > kMaxBatchItems) {
-        return absl::InvalidArgumentError(absl::StrCat("a batch of ", list.size(), " replies"));
-      }
-      f.items.resize(list.size());
-      for (unsigned i = 0; i < list.size(); ++i) {
-        f.items[i].correlation = list[i].getCorrelation();
-        f.items[i].code = list[i].getCode();
-        if (list[i].hasDetail()) f.items[i].detail = text(list[i].getDetail());
-      }
+      st = items(e.getReplies(), "replies", [&](auto r, BatchItem& b) {
+        b.correlation = r.getCorrelation();
+        b.code = r.getCode();
+        if (r.hasDetail()) b.detail = text(r.getDetail());
+      });
     }
+    if (!st.ok()) return st;
     return f;
   } catch (const kj::Exception& ex) {
     return absl::InvalidArgumentError(absl::StrCat("bad envelope: ", describe(ex)));
