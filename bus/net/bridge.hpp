@@ -248,6 +248,8 @@ class Bridge final : public Link {
   /// the peer takes nothing more.
   void send_calls(PeerState& peer, Bridged& channel, std::string_view payloads,
                   std::vector<CallBatch::Call>& calls);
+  /// Sends peer.calls[i] (see send_calls()).
+  void send_batch(PeerState& peer, std::size_t i);
   void flush_calls();
   void flush_replies();
   void send_reply_batch(ReplyBatch& b);

@@ -264,10 +264,19 @@ void Bridge::call_to(uint64_t to, Bridged& channel, std::string payload, Clock::
   b->calls.push_back({deadline, std::move(pending)});
   calls_queued_ = true;
   if (b->calls.size() >= kSendBatchItems || b->bytes.size() >= kMaxBatchBytes) {
-    send_calls(*peer, channel, b->bytes, b->calls);
-    b->bytes.clear();
-    b->calls.clear();
+    send_batch(*peer, static_cast<std::size_t>(b - peer->calls.begin()));
   }
+}
+
+void Bridge::send_batch(PeerState& peer, std::size_t i) {
+  // Taken out first: a call that fails here finishes at once, and its callback (a raw call's)
+  // may queue another request, growing peer.calls under us.
+  Bridged& channel = *peer.calls[i].channel;
+  std::string bytes = std::move(peer.calls[i].bytes);
+  std::vector<CallBatch::Call> calls = std::move(peer.calls[i].calls);
+  peer.calls[i].bytes.clear();
+  peer.calls[i].calls.clear();
+  send_calls(peer, channel, bytes, calls);
 }
 
 void Bridge::send_calls(PeerState& peer, Bridged& channel, std::string_view payloads,
@@ -319,10 +328,8 @@ void Bridge::flush_calls() {
   if (!calls_queued_) return;
   calls_queued_ = false;
   for (auto& [id, peer] : peers_) {
-    for (CallBatch& b : peer.calls) {
-      send_calls(peer, *b.channel, b.bytes, b.calls);
-      b.bytes.clear();
-      b.calls.clear();
+    for (std::size_t i = 0; i < peer.calls.size(); ++i) {
+      if (!peer.calls[i].calls.empty()) send_batch(peer, i);
     }
   }
 }
@@ -546,12 +553,9 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why) {
     ++counters_.calls_peer_gone;
     node.mapped().call->finish(why, {});
   }
-  for (CallBatch& b : it->second.calls) {
-    for (auto& c : b.calls) {
-      ++counters_.calls_peer_gone;
-      c.pending->finish(why, {});
-    }
-  }
+  // Requests batched for it but not sent: failed once it is gone (a callback that calls again
+  // then cannot pick it).
+  std::vector<CallBatch> unsent = std::move(it->second.calls);
   if (!it->second.backlog.empty()) {
     // Queue messages and requests that never left: the requests failed above; count the rest.
     backlogged_ -= it->second.backlog.size();
@@ -574,6 +578,12 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why) {
     gone.rejected += t.rejected;
   }
   update_reachability();
+  for (CallBatch& b : unsent) {
+    for (auto& c : b.calls) {
+      ++counters_.calls_peer_gone;
+      c.pending->finish(why, {});
+    }
+  }
 }
 
 PeerState* Bridge::pick_peer(const Bridged& ch, bool endpoint) {

@@ -43,7 +43,7 @@ using Buffers = std::array<void*, kMagazine>;
 /// Full magazines of one size class, shared by every thread.
 struct Depot {
   std::mutex mu;
-  std::vector<Buffers> full;  // under mu; capacity `max`, reserved up front
+  std::vector<Buffers> full;  // under mu; at most `max`
   std::size_t max = 0;
 };
 
@@ -53,7 +53,6 @@ Depot* depots() {
     auto* d = new Depot[kClasses];
     for (std::size_t c = 0; c < kClasses; ++c) {
       d[c].max = std::max<std::size_t>(2, kDepotBytes / (magazine_of(c) * class_bytes(c)));
-      d[c].full.reserve(d[c].max);
     }
     return d;
   }();
@@ -128,8 +127,12 @@ void pool_free(void* p, std::size_t bytes) noexcept {
     {
       std::lock_guard lock(d.mu);
       if (d.full.size() < d.max) {
-        d.full.push_back(m.items);  // within the reserved capacity: no allocation
-        kept = true;
+        try {
+          d.full.push_back(m.items);
+          kept = true;
+        } catch (const std::bad_alloc&) {
+          // no room to keep them: they go back to operator delete below
+        }
       }
     }
     if (!kept) {
