@@ -225,10 +225,10 @@ constexpr std::size_t kStreamRecords = 4;
 }  // namespace
 
 void Core::run_executor(Inbox& in, unsigned index) {
-  // Before pinning (a pinned executor spins for producers on other CPUs): with the whole process
-  // on one CPU, the producers it waits for need this CPU, so it yields it between looks instead
-  // of pausing (see on_one_cpu()).
-  const bool yield_cpu = on_one_cpu();
+  // With the whole process on one CPU, the producers it waits for need this CPU, so it yields it
+  // between looks instead of pausing (see on_one_cpu()). Looked at before pinning, on the mask it
+  // inherited; executors pinned on purpose (pin_executors) keep pausing for producers elsewhere.
+  const bool yield_cpu = !options_.pin_executors() && on_one_cpu();
   if (options_.pin_executors()) {
     cpu_set_t set;
     CPU_ZERO(&set);
