@@ -15,12 +15,12 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
 
-#include "bus/detail/pool.hpp"
 #include "bus/net/node.hpp"
 #include "wire.hpp"
 
@@ -101,7 +101,6 @@ struct ReplyBatch {
   uint64_t peer = 0;
   std::vector<BatchItem> items;
   std::string bytes;               // the payloads of the items whose code is 0
-  uint32_t ok = 0;                 // those items
   std::size_t envelope_bytes = 0;  // about what the items add to the envelope
 };
 
@@ -121,9 +120,6 @@ struct PeerState {
   bool batches = false;          // its heartbeat says it reads request and reply batches
   std::vector<CallBatch> calls;  // requests to it not sent yet, one batch per endpoint
 };
-
-/// A frame holding a copy of `bytes` (big ones in a pooled buffer ZeroMQ frees when sent).
-zmq::message_t frame(std::string_view bytes);
 
 /// A node's figures (what its StatsD source sends).
 void node_figures(const NodeStats& s, StatsdSink& out);
@@ -247,12 +243,16 @@ class Bridge final : public Link {
   /// Sends one request or a batch (`calls` in the order of `payloads`); fails them all when
   /// the peer takes nothing more.
   void send_calls(PeerState& peer, Bridged& channel, std::string_view payloads,
-                  std::vector<CallBatch::Call>& calls);
+                  std::span<CallBatch::Call> calls);
   /// Sends peer.calls[i] (see send_calls()).
   void send_batch(PeerState& peer, std::size_t i);
   void flush_calls();
   void flush_replies();
   void send_reply_batch(ReplyBatch& b);
+  /// One reply frame for `items` (a single reply's envelope when there is one), with the
+  /// payloads of the items whose code is 0, queued for the ROUTER.
+  void send_replies(std::string_view identity, std::string_view name, uint64_t reply_type_id,
+                    std::vector<BatchItem>& items, std::string_view payloads);
   /// Queues a reply frame for the ROUTER (in order behind those waiting for room).
   void queue_reply(Parts parts, std::size_t replies);
   /// An UNAVAILABLE reply for a request on an endpoint this node does not export.

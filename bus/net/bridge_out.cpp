@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "bridge.hpp"
+#include "bus/detail/pool.hpp"
 
 namespace bus::net::detail {
 
@@ -27,8 +28,6 @@ bool send_all(zmq::socket_t& s, std::vector<zmq::message_t>& parts) {
   }
   return true;
 }
-}  // namespace
-
 #if defined(__SANITIZE_THREAD__)
 #define BUS_TSAN 1
 #elif defined(__has_feature)
@@ -59,6 +58,7 @@ zmq::message_t frame(std::string_view bytes) {
       },
       reinterpret_cast<void*>(bytes.size()));
 }
+}  // namespace
 
 bool Bridge::send_parts(zmq::socket_t& s, std::string_view channel, const EnvelopeFields& env,
                         std::string_view payload) {
@@ -248,9 +248,8 @@ void Bridge::call_to(uint64_t to, Bridged& channel, std::string payload, Clock::
     return;
   }
   if (!peer->batches) {
-    std::vector<CallBatch::Call> one;
-    one.push_back({deadline, std::move(pending)});
-    return send_calls(*peer, channel, payload, one);
+    CallBatch::Call one{deadline, std::move(pending)};
+    return send_calls(*peer, channel, payload, {&one, 1});
   }
   // Requests to one peer on one endpoint go out together when this pass ends: one frame, one
   // envelope, one ZeroMQ message for the lot.
@@ -280,7 +279,7 @@ void Bridge::send_batch(PeerState& peer, std::size_t i) {
 }
 
 void Bridge::send_calls(PeerState& peer, Bridged& channel, std::string_view payloads,
-                        std::vector<CallBatch::Call>& calls) {
+                        std::span<CallBatch::Call> calls) {
   if (calls.empty()) return;
   EnvelopeFields env;
   env.kind = wire::Envelope::Kind::REQUEST;
@@ -395,7 +394,6 @@ void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& s
     b.envelope_bytes += 3 * sizeof(capnp::word);
     if (status.ok()) {
       b.bytes.append(payload);
-      ++b.ok;
     } else {
       item.detail = std::string(status.message().substr(0, 1024));
       b.envelope_bytes += item.detail.size() + 8;
@@ -407,50 +405,47 @@ void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& s
     }
     return;
   }
-  EnvelopeFields env;
-  env.kind = wire::Envelope::Kind::REPLY;
-  env.type_id = status.ok() ? channel.reply_type_id : 0;
-  env.sender = id_;
-  env.count = status.ok() ? 1 : 0;
-  env.correlation = to.correlation;
-  env.code = static_cast<uint16_t>(status.code());
-  if (!status.ok()) env.detail = std::string(status.message());
-  std::string e = encode_envelope(env);
-  Parts parts;
-  parts.emplace_back(to.identity.data(), to.identity.size());
-  parts.emplace_back(channel.name.data(), channel.name.size());
-  parts.emplace_back(e.data(), e.size());
-  parts.emplace_back(payload.data(), payload.size());
+  // One reply, alone in its frame: the requester does not read batches.
+  std::vector<BatchItem> one(1);
+  one[0].correlation = to.correlation;
+  one[0].code = static_cast<uint16_t>(status.code());
+  if (!status.ok()) one[0].detail = std::string(status.message());
   ++traffic(channel.name, known(to.peer)).sent;
-  queue_reply(std::move(parts), 1);
+  send_replies(to.identity, channel.name, channel.reply_type_id, one, payload);
 }
 
 void Bridge::send_reply_batch(ReplyBatch& b) {
   if (b.items.empty()) return;
-  std::size_t n = b.items.size();
+  traffic(b.channel->name, known(b.peer)).sent += b.items.size();
+  send_replies(b.identity, b.channel->name, b.channel->reply_type_id, b.items, b.bytes);
+  b.items.clear();
+  b.bytes.clear();
+  b.envelope_bytes = 0;
+}
+
+void Bridge::send_replies(std::string_view identity, std::string_view name, uint64_t reply_type_id,
+                          std::vector<BatchItem>& items, std::string_view payloads) {
+  std::size_t n = items.size();
+  auto with_payload = static_cast<uint32_t>(
+      std::count_if(items.begin(), items.end(), [](const BatchItem& i) { return i.code == 0; }));
   EnvelopeFields env;
   env.kind = wire::Envelope::Kind::REPLY;
   env.sender = id_;
-  env.type_id = b.ok > 0 ? b.channel->reply_type_id : 0;
-  env.count = b.ok;
+  env.type_id = with_payload > 0 ? reply_type_id : 0;
+  env.count = with_payload;
   if (n == 1) {
-    env.correlation = b.items[0].correlation;
-    env.code = b.items[0].code;
-    env.detail = std::move(b.items[0].detail);
+    env.correlation = items[0].correlation;
+    env.code = items[0].code;
+    env.detail = std::move(items[0].detail);
   } else {
-    env.items = std::move(b.items);
+    env.items = std::move(items);
   }
   std::string e = encode_envelope(env);
   Parts parts;
-  parts.emplace_back(b.identity.data(), b.identity.size());
-  parts.emplace_back(b.channel->name.data(), b.channel->name.size());
+  parts.emplace_back(identity.data(), identity.size());
+  parts.emplace_back(name.data(), name.size());
   parts.emplace_back(e.data(), e.size());
-  parts.push_back(frame(b.bytes));
-  traffic(b.channel->name, known(b.peer)).sent += n;
-  b.items.clear();
-  b.bytes.clear();
-  b.ok = 0;
-  b.envelope_bytes = 0;
+  parts.push_back(frame(payloads));
   queue_reply(std::move(parts), n);
 }
 
@@ -474,19 +469,11 @@ void Bridge::queue_reply(Parts parts, std::size_t replies) {
 }
 
 void Bridge::reply_unexported(const RemoteCall& call, absl::string_view name) {
-  EnvelopeFields r;
-  r.kind = wire::Envelope::Kind::REPLY;
-  r.sender = id_;
-  r.correlation = call.correlation;
-  r.code = static_cast<uint16_t>(absl::StatusCode::kUnavailable);
-  r.detail = absl::StrCat("bus.net: '", name, "' is not exported by node ", opt_.name());
-  std::string e = encode_envelope(r);
-  Parts parts;
-  parts.emplace_back(call.identity.data(), call.identity.size());
-  parts.emplace_back(name.data(), name.size());
-  parts.emplace_back(e.data(), e.size());
-  parts.emplace_back();
-  queue_reply(std::move(parts), 1);
+  std::vector<BatchItem> one(1);
+  one[0].correlation = call.correlation;
+  one[0].code = static_cast<uint16_t>(absl::StatusCode::kUnavailable);
+  one[0].detail = absl::StrCat("bus.net: '", name, "' is not exported by node ", opt_.name());
+  send_replies(call.identity, std::string_view(name.data(), name.size()), 0, one, {});
 }
 
 void Bridge::flush_reply_backlog() {
