@@ -94,7 +94,7 @@ class Message {
       detail::pool_free(mem, sizeof(State) + (words + 1) * sizeof(capnp::word));
       throw;
     }
-    state_ = ::new (mem) State{{1}, capnp::readMessageUnchecked<S>(body + 1), words + 1};
+    state_ = ::new (mem) State{{1}, 0, capnp::readMessageUnchecked<S>(body + 1), words + 1};
   }
   Message(const Message& o) noexcept : state_(o.state_) {
     if (state_) state_->refs.fetch_add(1, std::memory_order_relaxed);  // a new owner only
@@ -107,7 +107,7 @@ class Message {
   ~Message() {
     // acq_rel: the last owner must see every other owner's reads done before it frees.
     if (state_ && state_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::size_t bytes = sizeof(State) + state_->words * sizeof(capnp::word);
+      std::size_t bytes = sizeof(State) + (state_->words + state_->spare) * sizeof(capnp::word);
       state_->~State();
       detail::pool_free(state_, bytes);
     }
@@ -137,13 +137,45 @@ class Message {
     header[1] = static_cast<uint32_t>(words);
     std::memcpy(body + 1, segment.begin(), words * sizeof(capnp::word));
     Message m(Adopt{});
-    m.state_ = ::new (mem) State{{1}, capnp::readMessageUnchecked<S>(body + 1), words + 1};
+    m.state_ = ::new (mem) State{{1}, 0, capnp::readMessageUnchecked<S>(body + 1), words + 1};
+    return m;
+  }
+  /// Copies `root` like Message(Reader), in one traversal instead of two (no totalSize() first),
+  /// into a buffer of `bound` words plus the root pointer. Returns nothing, having allocated
+  /// nothing, when the copy does not fit or the traversal throws: Message(root) then sizes it
+  /// exactly (and reports what was wrong). A decoded payload's own size is such a bound: its
+  /// unchecked copy drops the segment table and far pointers' landing pads, and only a message
+  /// that points into one object more than once (bounded by the traversal limit) grows.
+  static std::optional<Message> copy_within(Reader root, std::size_t bound) {
+    std::size_t capacity = bound + 1;  // + the root pointer
+    std::size_t bytes = sizeof(State) + (capacity + 1) * sizeof(capnp::word);
+    void* mem = detail::pool_alloc(bytes);
+    auto* body = reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + sizeof(State));
+    std::memset(body, 0, (capacity + 1) * sizeof(capnp::word));  // a builder's segment is zeroed
+    std::size_t words;
+    try {
+      capnp::FlatMessageBuilder builder(kj::arrayPtr(body + 1, capacity));
+      builder.setRoot(root);
+      words = builder.getSegmentsForOutput()[0].size();
+    } catch (const kj::Exception&) {
+      detail::pool_free(mem, bytes);
+      return std::nullopt;
+    }
+    auto* header = reinterpret_cast<uint32_t*>(body);
+    header[0] = 0;  // one segment
+    header[1] = static_cast<uint32_t>(words);
+    Message m(Adopt{});
+    m.state_ = ::new (mem) State{{1},
+                                 static_cast<uint32_t>(capacity - words),
+                                 capnp::readMessageUnchecked<S>(body + 1),
+                                 words + 1};
     return m;
   }
   struct Adopt {};
   explicit Message(Adopt) noexcept {}  // no buffer yet: from_segment() sets it
   struct alignas(capnp::word) State {
     std::atomic<uint32_t> refs;
+    uint32_t spare;  // words allocated after the message's own (copy_within's unused bound)
     Reader root;
     std::size_t words;  // stream header included; they follow this struct
   };
@@ -156,6 +188,12 @@ struct MessageAccess {
   template <class S>
   static Message<S> from_segment(kj::ArrayPtr<const capnp::word> segment) {
     return Message<S>::from_segment(segment);
+  }
+  /// `root` copied in one traversal when it fits in `bound` words, else sized first.
+  template <class S>
+  static Message<S> copy(typename S::Reader root, std::size_t bound) {
+    if (auto m = Message<S>::copy_within(root, bound)) return std::move(*m);
+    return Message<S>(root);
   }
 };
 }  // namespace detail

@@ -50,7 +50,9 @@ absl::StatusOr<T> decode(kj::ArrayPtr<const capnp::word> words, const Limits& li
     capnp::FlatArrayMessageReader reader(words, reader_options(limits));
     auto root = reader.getRoot<S>();
     if constexpr (bus::detail::IsMessage<T>::value) {
-      return T(root);  // copies it into the unchecked layout, traversing (and checking) it all
+      // Copied into the unchecked layout, traversing (and checking) it all; the payload's size
+      // bounds the copy's.
+      return bus::detail::MessageAccess::copy<S>(root, words.size());
     } else {
       root.totalSize();  // checks the whole message before the codec reads any of it
       return Codec<T>::decode(root);
