@@ -199,9 +199,15 @@ void Bridge::loop() {
     items.clear();
     dealers.clear();
     items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-    items.push_back({nullptr, inbox_->fd(), ZMQ_POLLIN, 0});
-    items.push_back(
-        {xpub_->handle(), 0, static_cast<short>(ZMQ_POLLIN | (stall_ ? ZMQ_POLLOUT : 0)), 0});
+    // While a subscriber or a peer holds local input back, the inbox is not drained: its eventfd
+    // would stay readable and make every poll return at once, a busy loop that takes the CPU
+    // from ZeroMQ's I/O thread, the one that makes room. Wait for room (or the 1 ms retry).
+    const bool holding = stall_.has_value() || backlogged_ >= kPauseBacklog;
+    items.push_back({nullptr, inbox_->fd(), static_cast<short>(holding ? 0 : ZMQ_POLLIN), 0});
+    // Only subscriptions: an XPUB says POLLOUT even while a NODROP pipe is full (its distributor
+    // always "has out"), so waiting for it made a stalled publisher spin. A stall is retried on
+    // the poll timeout instead (1 ms, below).
+    items.push_back({xpub_->handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({sub_->handle(), 0, ZMQ_POLLIN, 0});
     items.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
     if (zap_) items.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
@@ -219,7 +225,10 @@ void Bridge::loop() {
     if (stall_ || backlogged_ > 0 || !reply_backlog_.empty()) {
       until = std::min(until, now + milliseconds(1));
     }
-    long timeout = awake || until <= now
+    // A stall just begun is retried at once (yielding to ZeroMQ's I/O thread between tries): the
+    // pipe usually has room again within microseconds. Past kSpin, once per poll timeout.
+    const bool fresh_stall = stall_ && now - stall_->since < kSpin;
+    long timeout = awake || fresh_stall || until <= now
                        ? 0
                        : std::max<long>(1, duration_cast<milliseconds>(until - now).count());
     zmq::poll(items, std::chrono::milliseconds(timeout));
@@ -281,6 +290,7 @@ void Bridge::loop() {
     if (paused) {
       // A subscriber or a peer is not keeping up: hold local input back (local publishers feel
       // the back-pressure through the bounded rings).
+      if (fresh_stall) std::this_thread::yield();
     } else {
       work += awake ? inbox_->drain_awake() : inbox_->drain();
     }
@@ -327,8 +337,8 @@ void Bridge::shutdown() {
     while (Clock::now() < until) {
       auto give_up = Clock::now() + opt_.send_stall_limit();
       while (stall_ && Clock::now() < give_up) {
-        zmq::pollitem_t item{xpub_->handle(), 0, ZMQ_POLLOUT, 0};
-        zmq::poll(&item, 1, std::chrono::milliseconds(10));
+        // Not a wait for POLLOUT: an XPUB reports it even while full (see loop()).
+        std::this_thread::sleep_for(milliseconds(1));
         retry_stall();
       }
       if (stall_) {

@@ -4,6 +4,7 @@
 #include <bus/schemas/envelope.capnp.h>
 #include <capnp/serialize.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <bus/net/node.hpp>
@@ -444,6 +445,69 @@ TEST(Node, StoppingAPublisherDeliversEverythingItAccepted) {
   a.reset();  // the goodbye handshake holds the stop until b has confirmed everything before it
   ASSERT_TRUE(bus_test::eventually([&] { return got.load() == kN; }, 30s));
   EXPECT_EQ(b.stats().channel(readings.name()).gaps, 0u);
+}
+
+namespace {
+/// CPU time of this process (every thread), user and system.
+std::chrono::microseconds process_cpu() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto us = [](const timeval& t) {
+    return std::chrono::seconds(t.tv_sec) + std::chrono::microseconds(t.tv_usec);
+  };
+  return us(u.ru_utime) + us(u.ru_stime);
+}
+}  // namespace
+
+TEST(Node, AStalledSubscriberHoldsThePublisherBackWithoutSpinningThenItsBatchIsDropped) {
+  // A subscriber that stops reading (a raw SUB socket here) fills ZeroMQ's pipe and the socket
+  // buffers. The publishing node then holds the batch it could not send, and local publishers
+  // wait on the full ring; nothing may spin meanwhile. After send_stall_limit the held batch is
+  // dropped and counted (the subscriber sees the gap in the sequence numbers).
+  const bus::Topic<Reading> bulky{"test.net.bulky"};
+  bus::Bus ba{bus::Options().executors(1)};
+  Node a{ba, local("a").send_stall_limit(2s)};
+  a.export_topic(bulky);
+  zmq::context_t ctx;
+  zmq::socket_t raw(ctx, zmq::socket_type::sub);
+  raw.set(zmq::sockopt::rcvhwm, 1);
+  raw.set(zmq::sockopt::rcvbuf, 4096);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.connect(a.publish_endpoint());
+  raw.set(zmq::sockopt::subscribe, bulky.name());
+  ASSERT_TRUE(a.wait_for_subscribers(bulky.name(), 1, 10s));
+
+  const Reading big = bus::build<demo::Reading>(
+      [](demo::Reading::Builder r) { r.setSensor(std::string(16 << 10, 's')); });
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> accepted{0};
+  std::thread producer([&] {
+    // Blocks in publish() while the node holds its input back.
+    while (!stop.load() && ba.publish(bulky, big).ok()) accepted.fetch_add(1);
+  });
+  // Stalled: nothing leaves and nothing more is taken, although the producer keeps offering.
+  auto progress = [&] { return std::make_pair(a.stats().published, accepted.load()); };
+  auto before = progress();
+  for (int i = 0;; ++i) {
+    ASSERT_LT(i, 300) << "the publisher never stalled";
+    std::this_thread::sleep_for(200ms);
+    auto now = progress();
+    if (now == before && now.first > 0) break;
+    before = now;
+  }
+  ASSERT_EQ(a.stats().publish_dropped, 0u);
+  uint64_t held_at = accepted.load();
+  auto cpu0 = process_cpu();
+  std::this_thread::sleep_for(500ms);
+  auto busy = process_cpu() - cpu0;
+  EXPECT_LT(busy, 250ms) << "the stalled publisher used " << busy.count() << " us of CPU in 500 ms";
+  EXPECT_LE(accepted.load() - held_at, 1u) << "local input is held back while stalled";
+  // The stall limit passes: the held batch is dropped and counted, and traffic moves again.
+  ASSERT_TRUE(bus_test::eventually([&] { return a.stats().publish_dropped > 0; }, 30s));
+  ASSERT_TRUE(bus_test::eventually([&] { return accepted.load() > held_at + 1; }, 30s));
+  stop.store(true);
+  raw.close();  // the node's pipe to it goes: a producer still blocked is let through
+  producer.join();
 }
 
 TEST(Node, ALeavingNodeIsForgottenWithoutWaitingForItsHeartbeats) {
