@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds the bridge benchmark (bench/bridge_*.cpp), starts a NATS server on 127.0.0.1, runs
-# every case interleaved and keeps the raw output in bench/results/bridge-<date>.txt.
+# every case interleaved and keeps the raw output in bench/results/bridge-<date>-<commit>.txt
+# (or OUT).
 #
 #   bash bench/run_bridge.sh [key=value...]     e.g. runs=5 (default), scale=0.5, filter=rtt
 #
 # The keys go to the driver (build-bench-bridge/bench/bus_bridge; see bench/bridge_bench.cpp).
-# Environment: BUILD_DIR (default build-bench-bridge), JOBS (default 1: the machine has 2 cores
-# and both are measured), NATS_PORT (default 14222), QUIET_WAIT (seconds to wait, at most, for
-# the 1-minute load average to fall under 0.5 before starting; default 0).
+# Environment: OUT (the raw output's path), BUILD_DIR (default build-bench-bridge), JOBS (default
+# 1: the machine has 2 cores and both are measured), NATS_PORT (default 14222), QUIET_WAIT
+# (seconds to wait, at most, for the 1-minute load average to fall under 0.5 before starting;
+# default 0).
 # Installs what it needs (nats-server, libnats-dev: benchmark-only Debian packages); run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +59,10 @@ while ((waited < ${QUIET_WAIT:-0})) && awk '{exit !($1 >= 0.5)}' /proc/loadavg; 
 done
 
 mkdir -p bench/results
-out=bench/results/bridge-$(date +%F).txt
+# Named by date and commit (OUT overrides), so a partial run (filter=...) does not overwrite the
+# kept output of another commit measured the same day.
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+out=${OUT:-bench/results/bridge-$(date +%F)-$commit.txt}
 # Other work lands in the tree while benchmarks run: say which bridge was measured.
 source_line=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown commit")
 git diff --quiet HEAD -- bus CMakeLists.txt 2>/dev/null ||
