@@ -143,7 +143,7 @@ void Bridge::flush_publishes() {
     out->count = 0;
     stall_ = std::move(stall);
     stall_->since = Clock::now();
-    retry_stall();
+    if (!retry_stall()) ++counters_.publish_stalls;
   }
   queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(i));
 }

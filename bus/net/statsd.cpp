@@ -16,6 +16,7 @@ void detail::node_figures(const NodeStats& s, StatsdSink& out) {
   {
     out.gauge("node.peers", static_cast<double>(s.peers.size()));
     out.counter("node.published", s.published);
+    out.counter("node.publish_stalls", s.publish_stalls);
     out.counter("node.publish_dropped", s.publish_dropped);
     out.counter("node.malformed_frames", s.malformed_frames);
     out.counter("node.oversized", s.oversized);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <mutex>
 #include <new>
@@ -45,6 +46,9 @@ struct Depot {
   std::mutex mu;
   std::vector<Buffers> full;  // under mu; at most `max`
   std::size_t max = 0;
+  // full.size(), written under mu: a thread whose magazine is empty looks here before it locks,
+  // so an empty depot costs no lock per allocation.
+  std::atomic<std::size_t> count{0};
 };
 
 /// Never destroyed: threads may free messages while statics are being destroyed.
@@ -103,11 +107,14 @@ void* pool_alloc(std::size_t bytes) {
     Magazine& m = cache->mags[c];
     if (m.n == 0) {
       Depot& d = depots()[c];
-      std::lock_guard lock(d.mu);
-      if (!d.full.empty()) {
-        m.items = d.full.back();
-        m.n = magazine_of(c);
-        d.full.pop_back();
+      if (d.count.load(std::memory_order_relaxed) != 0) {
+        std::lock_guard lock(d.mu);
+        if (!d.full.empty()) {
+          m.items = d.full.back();
+          m.n = magazine_of(c);
+          d.full.pop_back();
+          d.count.store(d.full.size(), std::memory_order_relaxed);
+        }
       }
     }
     if (m.n > 0) return m.items[--m.n];
@@ -129,6 +136,7 @@ void pool_free(void* p, std::size_t bytes) noexcept {
       if (d.full.size() < d.max) {
         try {
           d.full.push_back(m.items);
+          d.count.store(d.full.size(), std::memory_order_relaxed);
           kept = true;
         } catch (const std::bad_alloc&) {
           // no room to keep them: they go back to operator delete below

@@ -81,20 +81,15 @@ class Message {
   /// Copies `root` (and everything it points to) into a new message.
   explicit Message(Reader root) {
     std::size_t words = root.totalSize().wordCount + 1;  // + the root pointer
-    // One allocation: the reference count and reader, then the stream header and the words.
-    void* mem = detail::pool_alloc(sizeof(State) + (words + 1) * sizeof(capnp::word));
-    auto* body = reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + sizeof(State));
-    std::memset(body, 0, (words + 1) * sizeof(capnp::word));
-    auto* header = reinterpret_cast<uint32_t*>(body);
-    header[0] = 0;  // one segment
-    header[1] = static_cast<uint32_t>(words);
+    void* mem = detail::pool_alloc(buffer_bytes(words));
+    std::memset(segment_of(mem), 0, words * sizeof(capnp::word));
     try {
-      capnp::copyToUnchecked(root, kj::arrayPtr(body + 1, words));
+      capnp::copyToUnchecked(root, kj::arrayPtr(segment_of(mem), words));
     } catch (...) {
-      detail::pool_free(mem, sizeof(State) + (words + 1) * sizeof(capnp::word));
+      detail::pool_free(mem, buffer_bytes(words));
       throw;
     }
-    state_ = ::new (mem) State{{1}, 0, capnp::readMessageUnchecked<S>(body + 1), words + 1};
+    adopt(mem, words, 0);
   }
   Message(const Message& o) noexcept : state_(o.state_) {
     if (state_) state_->refs.fetch_add(1, std::memory_order_relaxed);  // a new owner only
@@ -107,7 +102,7 @@ class Message {
   ~Message() {
     // acq_rel: the last owner must see every other owner's reads done before it frees.
     if (state_ && state_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::size_t bytes = sizeof(State) + (state_->words + state_->spare) * sizeof(capnp::word);
+      std::size_t bytes = buffer_bytes(state_->words - 1 + state_->spare);
       state_->~State();
       detail::pool_free(state_, bytes);
     }
@@ -129,15 +124,10 @@ class Message {
   /// Takes a builder's only segment as it is: a one-segment builder has no far pointers and its
   /// root pointer first, which is the unchecked layout. One copy, no traversal (build() uses it).
   static Message from_segment(kj::ArrayPtr<const capnp::word> segment) {
-    std::size_t words = segment.size();
-    void* mem = detail::pool_alloc(sizeof(State) + (words + 1) * sizeof(capnp::word));
-    auto* body = reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + sizeof(State));
-    auto* header = reinterpret_cast<uint32_t*>(body);
-    header[0] = 0;  // one segment
-    header[1] = static_cast<uint32_t>(words);
-    std::memcpy(body + 1, segment.begin(), words * sizeof(capnp::word));
+    void* mem = detail::pool_alloc(buffer_bytes(segment.size()));
+    std::memcpy(segment_of(mem), segment.begin(), segment.size() * sizeof(capnp::word));
     Message m(Adopt{});
-    m.state_ = ::new (mem) State{{1}, 0, capnp::readMessageUnchecked<S>(body + 1), words + 1};
+    m.adopt(mem, segment.size(), 0);
     return m;
   }
   /// Copies `root` like Message(Reader), in one traversal instead of two (no totalSize() first),
@@ -148,31 +138,41 @@ class Message {
   /// that points into one object more than once (bounded by the traversal limit) grows.
   static std::optional<Message> copy_within(Reader root, std::size_t bound) {
     std::size_t capacity = bound + 1;  // + the root pointer
-    std::size_t bytes = sizeof(State) + (capacity + 1) * sizeof(capnp::word);
-    void* mem = detail::pool_alloc(bytes);
-    auto* body = reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + sizeof(State));
-    std::memset(body, 0, (capacity + 1) * sizeof(capnp::word));  // a builder's segment is zeroed
+    void* mem = detail::pool_alloc(buffer_bytes(capacity));
+    std::memset(segment_of(mem), 0, capacity * sizeof(capnp::word));  // a builder's is zeroed
     std::size_t words;
     try {
-      capnp::FlatMessageBuilder builder(kj::arrayPtr(body + 1, capacity));
+      capnp::FlatMessageBuilder builder(kj::arrayPtr(segment_of(mem), capacity));
       builder.setRoot(root);
       words = builder.getSegmentsForOutput()[0].size();
     } catch (const kj::Exception&) {
-      detail::pool_free(mem, bytes);
+      detail::pool_free(mem, buffer_bytes(capacity));
       return std::nullopt;
     }
-    auto* header = reinterpret_cast<uint32_t*>(body);
-    header[0] = 0;  // one segment
-    header[1] = static_cast<uint32_t>(words);
     Message m(Adopt{});
-    m.state_ = ::new (mem) State{{1},
-                                 static_cast<uint32_t>(capacity - words),
-                                 capnp::readMessageUnchecked<S>(body + 1),
-                                 words + 1};
+    m.adopt(mem, words, capacity - words);
     return m;
   }
+  /// One allocation per message: the State, then the stream header (one word), then room for
+  /// `capacity` words of the segment.
+  static std::size_t buffer_bytes(std::size_t capacity) {
+    return sizeof(State) + (capacity + 1) * sizeof(capnp::word);
+  }
+  static capnp::word* segment_of(void* mem) {
+    return reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + sizeof(State)) + 1;
+  }
+  /// Takes `mem` (buffer_bytes(words + spare)), whose segment holds the message's `words` words
+  /// in the unchecked layout: writes the one-segment stream header and the State.
+  void adopt(void* mem, std::size_t words, std::size_t spare) {
+    capnp::word* segment = segment_of(mem);
+    auto* header = reinterpret_cast<uint32_t*>(segment - 1);
+    header[0] = 0;  // one segment
+    header[1] = static_cast<uint32_t>(words);
+    state_ = ::new (mem) State{
+        {1}, static_cast<uint32_t>(spare), capnp::readMessageUnchecked<S>(segment), words + 1};
+  }
   struct Adopt {};
-  explicit Message(Adopt) noexcept {}  // no buffer yet: from_segment() sets it
+  explicit Message(Adopt) noexcept {}  // no buffer yet: adopt() sets it
   struct alignas(capnp::word) State {
     std::atomic<uint32_t> refs;
     uint32_t spare;  // words allocated after the message's own (copy_within's unused bound)
