@@ -4,7 +4,8 @@
 //   ./build/bench/bus_queues [items=20000000] [runs=5] [round_trips=200000] [filter]
 //
 // items: per throughput case per run; round_trips: per request/reply case per run (the parking
-// case does a tenth); filter: run only the cases whose id or name contains it.
+// case does a tenth); filter: run only the cases whose id or name contains it (several,
+// comma-separated: any of them).
 // Every consumer checks what it received (count and sum; order where it applies, per producer
 // for 2 -> 1); a mismatch exits with status 1. The peers are optional (see bench/queues.cmake):
 // a peer missing at build time skips its cases with a line saying so.
@@ -1084,9 +1085,17 @@ int main(int argc, char** argv) {
        {{"spin/x", "bus/rtt"}, {"park/x", "bus/rtt-park"}}},
   };
 
+  // filter: comma-separated; a case runs when its id or name contains one of the parts.
+  std::vector<std::string> parts;
+  for (std::size_t at = 0; at <= filter.size();) {
+    std::size_t comma = std::min(filter.find(',', at), filter.size());
+    if (comma > at) parts.push_back(filter.substr(at, comma - at));
+    at = comma + 1;
+  }
   auto selected = [&](const Case& c) {
-    return filter.empty() || c.id.find(filter) != std::string::npos ||
-           c.name.find(filter) != std::string::npos;
+    return parts.empty() || std::any_of(parts.begin(), parts.end(), [&](const std::string& f) {
+             return c.id.find(f) != std::string::npos || c.name.find(f) != std::string::npos;
+           });
   };
   std::printf("\n");
   {

@@ -1,6 +1,6 @@
 # Messages/s per queue from bus_queues' raw output (its "chart|..." lines), as horizontal bars
 # on a log scale: median, with the min-max of the runs as error bars.
-#   gnuplot -e "datafile='bench/results/queues-<date>.txt'; outfile='bench/results/queues.png'" \
+#   gnuplot -e "datafile='bench/results/queues-<date>-<commit>.txt'; outfile='bench/results/queues.png'" \
 #     bench/queues.gnuplot
 if (!exists("datafile")) datafile = 'bench/results/queues.txt'
 if (!exists("outfile")) outfile = 'bench/results/queues.png'

@@ -21,7 +21,7 @@ void futex_wake_all(std::atomic<uint32_t>& word);
 /// Without membarrier both sides fall back to seq_cst fences.
 extern bool g_membarrier;
 void heavy_barrier();
-inline void light_barrier() {
+[[gnu::always_inline]] inline void light_barrier() {
   if (g_membarrier) {
     std::atomic_signal_fence(std::memory_order_seq_cst);
   } else {
