@@ -285,7 +285,7 @@ void Core::run_executor(Inbox& in, unsigned index) {
     // about a microsecond per hop); after a stream, every 64 pauses; after a fast stream (32 or
     // more records since the last look), every 512 pauses (about 10 us here), so the producer
     // writes hundreds of records on lines this core does not take from it. A producer publishing
-    // message by message went from 21-25 to 37-48 M msgs/s with that last step (bench/queues).
+    // message by message went from 21-25 to 37-41 M msgs/s with that last step (bench/queues).
     // The clock, timers, state and backlog are looked at every 64 pauses.
     bool work = false;
     if (spins) {
