@@ -64,7 +64,7 @@ mkdir -p bench/results
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 out=${OUT:-bench/results/bridge-$(date +%F)-$commit.txt}
 # Other work lands in the tree while benchmarks run: say which bridge was measured.
-source_line=$(git rev-parse --short HEAD 2>/dev/null || echo "unknown commit")
+source_line=$commit
 git diff --quiet HEAD -- bus CMakeLists.txt 2>/dev/null ||
   source_line+=" + uncommitted changes under bus/ or CMakeLists.txt"
 {

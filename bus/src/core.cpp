@@ -235,6 +235,7 @@ void Core::run_executor(Inbox& in, unsigned index) {
   // between looks instead of pausing (see on_one_cpu()). Looked at before pinning, on the mask it
   // inherited; executors pinned on purpose (pin_executors) keep pausing for producers elsewhere.
   const bool yield_cpu = !options_.pin_executors() && on_one_cpu();
+  const bool spins = options_.spin() > Clock::duration::zero();
   if (options_.pin_executors()) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -272,7 +273,6 @@ void Core::run_executor(Inbox& in, unsigned index) {
     // waits for the backlog to clear). Other executors' rings keep draining: no cycle can stall.
     n += in.run_once(/*plain_rings=*/p.backlog.empty());
     since_spin += n;
-    const bool spins = options_.spin() > Clock::duration::zero();
     // In a stream, a pass that found only a few records means this executor is on the
     // producer's heels: looking again at once takes the tail's and the records' cache lines from
     // the producer's core every message or two. It waits in the spin instead, as after a pass
