@@ -1,12 +1,14 @@
 // JSON <-> Cap'n Proto through Cap'n Proto's JSON codec (capnp-json).
 #include "bus/http/json.hpp"
 
+#include <absl/container/flat_hash_map.h>
 #include <absl/container/inlined_vector.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <capnp/compat/json.h>
 #include <capnp/message.h>
 
+#include <optional>
 #include <stdexcept>
 
 namespace bus::http::detail {
@@ -26,20 +28,55 @@ namespace {
 // Debian's Abseil has its own string_view type.
 absl::string_view av(std::string_view s) { return {s.data(), s.size()}; }
 
+/// A field of a struct schema and its type's kind, as a parameter of that name sets it.
+struct FieldInfo {
+  capnp::StructSchema::Field field;
+  capnp::schema::Type::Which type;
+};
+
+/// The field of `schema` named `name`, if any. `findFieldByName` and `Field::getType` read the
+/// schema's encoded node on each call (about 600 instructions per parameter and request), so the
+/// fields found are kept per thread and schema; names that are no field are looked up each time
+/// (a client choosing query parameter names must not grow the cache).
+std::optional<FieldInfo> find_field(capnp::StructSchema schema, std::string_view name) {
+  using Fields = absl::flat_hash_map<std::string, FieldInfo>;
+  thread_local std::vector<std::pair<capnp::StructSchema, Fields>> known;
+  Fields* fields = nullptr;
+  for (auto& [s, f] : known) {
+    if (s == schema) fields = &f;
+  }
+  if (fields == nullptr) fields = &known.emplace_back(schema, Fields()).second;
+  if (auto it = fields->find(av(name)); it != fields->end()) return it->second;
+  std::string key(name);  // NUL-terminated for kj::StringPtr
+  KJ_IF_MAYBE (f, schema.findFieldByName(kj::StringPtr(key.c_str()))) {
+    FieldInfo info{*f, f->getType().which()};
+    fields->try_emplace(std::move(key), info);
+    return info;
+  }
+  return std::nullopt;
+}
+
 /// Sets `field` from a parameter's text, converted to the field's type (no JSON involved).
-absl::Status set_param(capnp::DynamicStruct::Builder out, capnp::StructSchema::Field field,
-                       std::string_view name, std::string_view text) {
+/// `text` is NUL-terminated (a whole std::string of the request's fields).
+absl::Status set_param(capnp::DynamicStruct::Builder out, const FieldInfo& f, std::string_view name,
+                       std::string_view text) {
   auto wrong = [&](std::string_view what) {
     return absl::InvalidArgumentError(
         absl::StrCat("parameter '", av(name), "' must be ", av(what), ", not '", av(text), "'"));
   };
-  std::string value(text);  // NUL-terminated, as Cap'n Proto's text readers want
-  switch (field.getType().which()) {
-    case capnp::schema::Type::TEXT: out.set(field, capnp::Text::Reader(value.c_str())); break;
+  const capnp::StructSchema::Field& field = f.field;
+  switch (f.type) {
+    case capnp::schema::Type::TEXT:
+      out.set(field, capnp::Text::Reader(text.data(), text.size()));
+      return absl::OkStatus();
     case capnp::schema::Type::DATA:
       out.set(field,
-              capnp::Data::Reader(reinterpret_cast<const kj::byte*>(value.data()), value.size()));
-      break;
+              capnp::Data::Reader(reinterpret_cast<const kj::byte*>(text.data()), text.size()));
+      return absl::OkStatus();
+    default: break;
+  }
+  std::string value(text);
+  switch (f.type) {
     case capnp::schema::Type::BOOL:
       if (value != "true" && value != "false") return wrong("true or false");
       out.set(field, value == "true");
@@ -90,13 +127,13 @@ absl::Status fill(const Request& req, capnp::DynamicStruct::Builder out) {
     // Parameters that name a field, path ones first (a query parameter cannot override them).
     capnp::StructSchema schema = out.getSchema();
     struct Param {
-      capnp::StructSchema::Field field;
+      FieldInfo field;
       std::string_view name, value;
     };
     absl::InlinedVector<Param, 4> params;
     auto take = [&](const Request::Fields& fields) {
       for (const auto& [k, v] : fields) {
-        KJ_IF_MAYBE (f, schema.findFieldByName(kj::StringPtr(k.c_str()))) {
+        if (std::optional<FieldInfo> f = find_field(schema, k)) {
           bool seen = false;
           for (const Param& p : params) seen = seen || p.name == k;
           if (!seen) params.push_back(Param{*f, k, v});
