@@ -32,3 +32,13 @@ struct Empty {}
 struct Tagged {
   tag @0 :Text;
 }
+
+# Text and data parameters: a data field, and a text field in the struct's union (which the
+# mapping must select as well as set).
+struct Note {
+  blob @0 :Data;
+  union {
+    none @1 :Void;
+    text @2 :Text;
+  }
+}
