@@ -5,6 +5,7 @@
 #include <kj/compat/url.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -639,7 +640,12 @@ void IoThread::batch_round() {
   // A handler posted now runs after the completions Asio already has queued (this round's
   // ready sockets), so the batch spans every request they make.
   asio::post(ioc, [this] {
-    batch_.reset();
+    batch_.reset();  // the round's requests go to the executors, waking those that were parked
+    // A woken executor waits for a CPU like any thread; when it shares this one (one core for
+    // the server, or a machine busier than its cores) it would wait for this thread's time slice
+    // while the round's answers wait for it. Yielding lets it run now, and the next round takes
+    // its replies first. Where it has a core of its own, the call returns at once.
+    if (server.options.yield_after_round()) ::sched_yield();
     arm_bus_timer();
   });
 }

@@ -24,6 +24,8 @@ ABSL_FLAG(std::string, address, "127.0.0.1", "address to listen on");
 ABSL_FLAG(uint16_t, port, 8080, "HTTP port");
 ABSL_FLAG(unsigned, io_threads, 1, "HTTP I/O threads");
 ABSL_FLAG(unsigned, executors, 1, "bus executors");
+ABSL_FLAG(bool, yield_after_round, true,
+          "an I/O thread yields its CPU after each round that sent requests to the bus");
 ABSL_FLAG(int, spin_us, 50, "how long an idle executor spins before it parks (microseconds)");
 ABSL_FLAG(size_t, max_connections, 20000, "open connections allowed");
 ABSL_FLAG(size_t, max_in_flight, 256,
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
                      .io_threads(absl::GetFlag(FLAGS_io_threads))
                      .max_connections(absl::GetFlag(FLAGS_max_connections))
                      .max_in_flight(absl::GetFlag(FLAGS_max_in_flight))
+                     .yield_after_round(absl::GetFlag(FLAGS_yield_after_round))
                      .node(node.get());
   bus::http::Server http(bus, options);
   using bus::http::Method;

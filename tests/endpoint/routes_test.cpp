@@ -454,3 +454,17 @@ TEST(RouteChecks, PortHeldByAnotherServerMakesStartThrow) {
   Server second(bus, ServerOptions().port(first.port()));
   EXPECT_THROW(second.start(), std::runtime_error);
 }
+
+TEST(ServerOptionsTest, RoutesAnswerWhetherOrNotTheIoThreadYieldsAfterARound) {
+  for (bool yield : {true, false}) {
+    Services services;
+    Server http(services.bus, ServerOptions().io_threads(2).yield_after_round(yield));
+    http.route(Method::kGet, "/greeting/{name}", greet);
+    http.start();
+    for (int i = 0; i < 20; ++i) {
+      auto r = get(http.port(), "/greeting/n" + std::to_string(i));
+      ASSERT_EQ(r.status, 200u) << "yield " << yield << ": " << describe(r);
+      EXPECT_EQ(r.body, R"({"message":"Hello n)" + std::to_string(i) + R"("})");
+    }
+  }
+}

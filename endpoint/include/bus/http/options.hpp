@@ -46,6 +46,13 @@ class ServerOptions {
     max_in_flight_ = n == 0 ? 1 : n;
     return *this;
   }
+  /// Whether an I/O thread yields its CPU after each round that handed requests to the bus
+  /// (default true), so that an executor it woke on this CPU answers before the thread reads
+  /// more. Turn it off when every executor has a core of its own.
+  ServerOptions& yield_after_round(bool y) {
+    yield_after_round_ = y;
+    return *this;
+  }
   /// Request line plus headers (431 beyond), and body (413 beyond).
   ServerOptions& max_header_bytes(std::size_t n) {
     max_header_bytes_ = n;
@@ -97,6 +104,7 @@ class ServerOptions {
   unsigned io_threads() const { return io_threads_; }
   std::size_t max_connections() const { return max_connections_; }
   std::size_t max_in_flight() const { return max_in_flight_; }
+  bool yield_after_round() const { return yield_after_round_; }
   std::size_t max_header_bytes() const { return max_header_bytes_; }
   std::size_t max_body_bytes() const { return max_body_bytes_; }
   Duration read_timeout() const { return read_timeout_; }
@@ -113,6 +121,7 @@ class ServerOptions {
   unsigned io_threads_ = 1;
   std::size_t max_connections_ = 10'000;
   std::size_t max_in_flight_ = 256;
+  bool yield_after_round_ = true;
   std::size_t max_header_bytes_ = 8 * 1024;
   std::size_t max_body_bytes_ = 1024 * 1024;
   Duration read_timeout_ = std::chrono::seconds(10);
