@@ -350,7 +350,7 @@ class ExternalInbox {
                                                                               F&& handler) {
     return bus_.add_subscriber(
         topic, *inbox_,
-        {0, nullptr, absl::AnyInvocable<void(std::span<const T>)>(std::forward<F>(handler))});
+        {0, {}, absl::AnyInvocable<void(std::span<const T>)>(std::forward<F>(handler))});
   }
   /// Runs `fn()` inside a later drain(), on the owning loop's thread. Unavailable once the bus
   /// has stopped.
@@ -652,13 +652,13 @@ requires std::invocable<F&, std::span<const T>> Subscription
 Bus::subscribe_bulk(const Topic<T>& topic, F&& handler, Placement where) {
   return add_subscriber(
       topic, placed(where),
-      {0, nullptr, absl::AnyInvocable<void(std::span<const T>)>(std::forward<F>(handler))});
+      {0, {}, absl::AnyInvocable<void(std::span<const T>)>(std::forward<F>(handler))});
 }
 
 template <class T, class F>
 Subscription Bus::subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& handler) {
   return add_subscriber(topic, inbox,
-                        {0, absl::AnyInvocable<void(const T&)>(std::forward<F>(handler)), nullptr});
+                        {0, detail::TopicTarget<T>::handler(std::forward<F>(handler)), nullptr});
 }
 
 template <class T>
