@@ -48,7 +48,7 @@ class Ring {
   [[gnu::always_inline]] uint64_t* try_reserve(uint32_t words) {
     // Fast path: below the limit known free and before the buffer's end.
     if (write_ + words <= write_limit_) [[likely]]
-      return buf_ + (write_ & mask_);
+      return at_write();
     return reserve_slow(words);
   }
   uint64_t* reserve_slow(uint32_t words) {
@@ -87,6 +87,13 @@ class Ring {
   /// known). Build the payload there, then call extended().
   [[gnu::always_inline]] uint64_t* extend_at(uint64_t header, uint32_t payload_words) {
     if (run_header_ != header || write_ + payload_words > run_limit_) return nullptr;
+    return at_write();
+  }
+  /// Where the next word goes. Never null (the constructor throws instead): telling the compiler
+  /// so folds away the callers' checks of try_reserve() and extend_at() on their fast paths
+  /// (72 instead of 78 instructions per message published in a Batch).
+  [[gnu::always_inline]] uint64_t* at_write() const {
+    if (buf_ == nullptr) __builtin_unreachable();
     return buf_ + (write_ & mask_);
   }
   void extended(uint32_t payload_words) {
