@@ -159,7 +159,9 @@ TEST(Connections, RequestSlowerThanTheReadAndIdleTimeoutsIsStillAnswered) {
   bus_test::OpenOnExit open{blocker.gate};
 
   Connection c(http.port());
-  ASSERT_TRUE(c.send("GET", "/slow/patient"));
+  // Connection: close, so that once answered it is closed as asked, not timed out idle before
+  // the count below is read.
+  ASSERT_TRUE(c.send("GET", "/slow/patient", "", {{"Connection", "close"}}));
   ASSERT_TRUE(bus_test::eventually([&] { return blocker.entered.load() == 1; }));
   // A witness connection that stays idle: once the sweep has closed it, the idle and read
   // timeouts have passed for the working connection too, which the sweep must leave alone.

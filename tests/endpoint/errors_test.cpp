@@ -171,7 +171,8 @@ TEST(DeadlineErrors, HandlerSlowerThanTheRouteTimeoutIsA504) {
   bus::Bus bus{bus::Options().executors(1)};
   bus::Subscription sub = bus.serve(blocking, [&](Tagged&& t) { return blocker(std::move(t)); });
   Server http(bus);
-  http.route(Method::kGet, "/slow/{tag}", blocking).timeout(200ms);
+  // Long enough that a loaded run hands the request to the handler before it expires.
+  http.route(Method::kGet, "/slow/{tag}", blocking).timeout(1s);
   http.start();
   bus_test::OpenOnExit open{blocker.gate};  // before ~Server: see lifecycle_test
 
@@ -188,7 +189,7 @@ TEST(DeadlineErrors, ServerDeadlineAppliesWhenTheRouteSetsNone) {
   Blocker blocker;
   bus::Bus bus{bus::Options().executors(1)};
   bus::Subscription sub = bus.serve(blocking, [&](Tagged&& t) { return blocker(std::move(t)); });
-  Server http(bus, ServerOptions().deadline(200ms));
+  Server http(bus, ServerOptions().deadline(1s));
   http.route(Method::kGet, "/slow/{tag}", blocking);
   http.start();
   bus_test::OpenOnExit open{blocker.gate};  // before ~Server: see lifecycle_test

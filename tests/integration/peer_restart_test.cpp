@@ -209,8 +209,16 @@ TEST_P(PeerRestart, FiftyClientRestartsLeaveNothingBehindInTheServer) {
         round == 1 ? client_flags : cat(client_flags, client->same_endpoints()));
     ASSERT_TRUE(client->ready()) << "round " << round;
     ASSERT_EQ(client->ask("wait-server").num("ok"), 1u) << "round " << round;
-    integ::Answer called = client->ask("call 1");
-    ASSERT_EQ(called.num("ok"), 1u) << "round " << round << ": " << called.line;
+    // Made again if it fails: a sanitized client on a loaded machine may miss the server's
+    // heartbeats and give it up for a moment (as call_succeeds() allows for this process).
+    integ::Answer called;
+    ASSERT_TRUE(bus_test::eventually(
+        [&] {
+          called = client->ask("call 1");
+          return called.num("ok") == 1u;
+        },
+        60s))
+        << "round " << round << ": " << called.line;
     if (round == kBaselineAt) baseline = memory_in_use();
   }
   // One channel: a row for callers gone (peer 0) and at most one for the live one.

@@ -36,8 +36,9 @@ TEST(ShopExample, AQuoteCombinesBothServices) {
 }
 
 TEST(ShopExample, ASlowServiceCostsItsPartNotTheQuote) {
-  // The stock service takes an hour; the quote's deadline is 100 ms.
-  integ::Child server({SHOP_SERVER, "--port=0", "--deadline_ms=100", "--stock_delay_ms=3600000"});
+  // The stock service takes an hour; the quote's deadline is 1 s (long enough for the price
+  // service of a freshly started, sanitized process to answer in time).
+  integ::Child server({SHOP_SERVER, "--port=0", "--deadline_ms=1000", "--stock_delay_ms=3600000"});
   std::string base = base_url(server);
   ASSERT_FALSE(base.empty());
   std::string out = curl({"-w", " %{http_code}", base + "/quote/coffee"});

@@ -101,7 +101,7 @@ TEST(Reactor, AllGathersEveryOutcomeInOrderOnTheCallersExecutor) {
 
 TEST_F(Composing, TheCompositionDeadlineCutsACallThatIsStillRunning) {
   svc.subscribe(go, [](Composer& c, const int& v) {
-    c.reactor.all(30ms, bus::call(held, v), bus::call(twice, v))
+    c.reactor.all(1s, bus::call(held, v), bus::call(twice, v))
         .then([&c](absl::StatusOr<int> slow, absl::StatusOr<int> fast) {
           c.seen = {show(slow), show(fast)};
           c.done = 1;

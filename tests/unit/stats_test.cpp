@@ -156,7 +156,7 @@ TEST(Stats, ReplyAfterACallGaveUpIsALateReply) {
       },
       bus::on_executor(0));
   OpenOnExit open_on_exit{gate};
-  absl::StatusOr<int> r = bus.call(slow_for_call, 1, 300ms);
+  absl::StatusOr<int> r = bus.call(slow_for_call, 1, 1s);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
   gate.open();  // only now can the handler reply: after call() returned
   ASSERT_TRUE(bus.stop().ok());
@@ -186,7 +186,7 @@ TEST(Stats, ReplyAfterARequestTimedOutIsALateReply) {
   // Asked from executor 1, whose deadline timer is free to fire while executor 0 is held.
   ASSERT_TRUE(bus.post(bus::on_executor(1),
                        [&] {
-                         bus.request(slow_for_request, 1, 300ms, [&](absl::StatusOr<int> r) {
+                         bus.request(slow_for_request, 1, 1s, [&](absl::StatusOr<int> r) {
                            code = r.status().code();
                            called_back.store(true);
                          });

@@ -90,22 +90,19 @@ struct TopicTarget : Target {
   TopicTarget(uint32_t ch, Inbox& in)
       : Target{&run, &Payload<T>::kOps, &run_many}, channel(ch), inbox(&in) {}
 
-  struct Sub;
   /// The handler of a subscriber that takes each message, kept as its own type: `one` calls it
   /// for one message, `each` for a run of them in one loop with the call inlined (one indirect
   /// call per run instead of one per message).
   struct Handler {
-    std::unique_ptr<void, void (*)(void*)> fn{nullptr, +[](void*) {}};
+    std::shared_ptr<void> fn;  // the handler object (a D of handler<F>())
     void (*one)(void* fn, const T& msg) = nullptr;
     std::size_t (*each)(void* fn, uint64_t* payload, uint32_t stride, std::size_t count,
                         TopicTarget& t, Inbox& in) = nullptr;
-    explicit operator bool() const { return one != nullptr; }
   };
   template <class F>
   static Handler handler(F&& f) {
     using D = std::decay_t<F>;
-    return Handler{std::unique_ptr<void, void (*)(void*)>(
-                       new D(std::forward<F>(f)), +[](void* h) { delete static_cast<D*>(h); }),
+    return Handler{std::make_shared<D>(std::forward<F>(f)),
                    +[](void* h, const T& msg) { (*static_cast<D*>(h))(msg); }, &each_of<D>};
   }
   /// A run to one subscriber: each payload is destroyed after its call, thrown or not.
