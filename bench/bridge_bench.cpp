@@ -469,6 +469,9 @@ int main(int argc, char** argv) {
     add("rtt.bus-spin0", "bus call, executors spin(0)", section, Kind::kRoundTrip,
         {bus, "server", e, "spin_us=0"}, {bus, "rtt", e, sz, "spin_us=0"}, count(10'000));
     e = endpoint();
+    add("rtt.bus-bridge", "bus call, served on the bridge thread", section, Kind::kRoundTrip,
+        {bus, "server", e, "on=bridge"}, {bus, "rtt", e, sz}, count(10'000));
+    e = endpoint();
     add("rtt.zmq", "ZeroMQ DEALER/ROUTER ping-pong", section, Kind::kRoundTrip, {zmq, "router", e},
         {zmq, "rtt", e, sz}, count(10'000));
     add("rtt.nats", "NATS request (SendAsap)", section, Kind::kRoundTrip,
@@ -486,6 +489,10 @@ int main(int argc, char** argv) {
     e = endpoint();
     add("pipe.bus-500", "bus request, 500 outstanding", section, Kind::kPipelined,
         {bus, "server", e}, {bus, "pipe", e, sz, "window=500", "timeout_ms=2000"}, count(300'000));
+    e = endpoint();
+    add("pipe.bus-bridge", "bus request, " + num(window) + " outstanding, served on the bridge",
+        section, Kind::kPipelined, {bus, "server", e, "on=bridge"},
+        {bus, "pipe", e, sz, w, "timeout_ms=2000"}, count(300'000));
     e = endpoint();
     add("pipe.zmq", "ZeroMQ DEALER/ROUTER, " + num(window) + " outstanding", section,
         Kind::kPipelined, {zmq, "router", e}, {zmq, "pipe", e, sz, w}, count(1'000'000));
@@ -694,8 +701,11 @@ int main(int argc, char** argv) {
   }
   target("pipelined, " + num(window) + " outstanding: bus / ZeroMQ", "pipe.bus", "pipe.zmq",
          &Sample::value, true, 0.5);
-  for (auto [id, name] :
-       {std::pair<std::string, std::string>{"rtt.bus", "bus"}, {"rtt.bus-spin0", "bus spin(0)"}}) {
+  target("pipelined, " + num(window) + " outstanding: bus on the bridge / ZeroMQ",
+         "pipe.bus-bridge", "pipe.zmq", &Sample::value, true, 0.5);
+  for (auto [id, name] : {std::pair<std::string, std::string>{"rtt.bus", "bus"},
+                          {"rtt.bus-spin0", "bus spin(0)"},
+                          {"rtt.bus-bridge", "bus on the bridge"}}) {
     target("round trip p50, " + name + " / ZeroMQ DEALER/ROUTER", id, "rtt.zmq", &Sample::p50,
            false, 1.2);
     target("round trip p99, " + name + " / ZeroMQ DEALER/ROUTER", id, "rtt.zmq", &Sample::p99,

@@ -4,7 +4,7 @@
 //
 //   bus_bridge_bus pub    endpoint=tcp://127.0.0.1:P size=64 count=N [batch=256]
 //   bus_bridge_bus sub    endpoint=tcp://127.0.0.1:P size=64 count=N
-//   bus_bridge_bus server endpoint=tcp://127.0.0.1:P
+//   bus_bridge_bus server endpoint=tcp://127.0.0.1:P [on=bridge]
 //   bus_bridge_bus rtt    endpoint=tcp://127.0.0.1:P size=16 count=N [warmup=W]
 //   bus_bridge_bus pipe   endpoint=tcp://127.0.0.1:P size=16 count=N [window=1000] [warmup=W]
 //                         [timeout_ms=30000]
@@ -13,8 +13,9 @@
 // Each process is what a user writes: a bus::Bus with one executor and a bus::net::Node. The
 // publisher exports a Topic<Message<Blob>> and publishes from its main thread (with `batch`, in
 // bus::Batch scopes of that many messages); the subscriber imports it and subscribes. The
-// server exports an Endpoint<Message<Blob>, Message<Blob>> that echoes; `rtt` calls it from a
-// plain thread, `pipe` keeps `window` requests outstanding from executor 0.
+// server exports an Endpoint<Message<Blob>, Message<Blob>> that echoes (served on the executor,
+// or with on=bridge on the node's bridge thread: Node::serve); `rtt` calls it from a plain
+// thread, `pipe` keeps `window` requests outstanding from executor 0.
 // Times are CLOCK_MONOTONIC nanoseconds (steady_clock), comparable across processes.
 #include <absl/status/statusor.h>
 #include <time.h>
@@ -165,11 +166,17 @@ int role_server(const Args& a) {
                                .publish_on(a.str("endpoint"))
                                .requests_on("tcp://127.0.0.1:*"));
   std::atomic<uint64_t> served{0};
-  auto s = bus.serve(kEcho, [&](Blob&& req) {
-    served.fetch_add(1, std::memory_order_relaxed);  // read after the executor stopped
+  auto echo = [&](Blob&& req) {
+    served.fetch_add(1, std::memory_order_relaxed);  // read after the node and executor stopped
     return std::move(req);
-  });
-  node.export_endpoint(kEcho);
+  };
+  bus::Subscription s;
+  if (a.kv.contains("on") && a.str("on") == "bridge") {
+    node.serve(kEcho, echo);  // on the bridge thread (Node::serve)
+  } else {
+    s = bus.serve(kEcho, echo);
+    node.export_endpoint(kEcho);
+  }
   uint64_t c0 = cpu_ns();
   ready();
   wait_for_stdin_eof();

@@ -55,7 +55,10 @@ void Bridge::add(std::unique_ptr<Bridged> channel) {
   query([this, &channel] {
     if (!inbox_) return 0;  // stopped
     for (auto& have : channels_) {
-      if (have->role == channel->role && have->name == channel->name) return 0;
+      if (have->role == channel->role && have->name == channel->name) {
+        have->merge(*this, *channel);
+        return 0;
+      }
     }
     Bridged* ch = channel.get();
     channels_.push_back(std::move(channel));

@@ -12,6 +12,9 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
@@ -230,6 +233,130 @@ TEST(Node, PipelinedRequestsTravelInBatchesAndEachGetsItsOwnAnswer) {
   EXPECT_LT(client.request_frames, static_cast<uint64_t>(kN / 4));
   EXPECT_GE(srv.reply_frames, 1u);
   EXPECT_LT(srv.reply_frames, static_cast<uint64_t>(kN / 4));
+}
+
+TEST(Node, AnEndpointServedOnTheBridgeThreadAnswersEveryCallerInline) {
+  // Node A serves the endpoint on its bridge thread: remote requests (one by one, and pipelined
+  // in batches) and in-process ones all run there, never on an executor, each with its own
+  // outcome, and the bus counts them as it counts any server's.
+  Pair p;
+  std::atomic<uint64_t> ran{0}, on_executor{0};
+  std::mutex ids_mu;
+  std::set<std::thread::id> threads;
+  p.a.serve(stats_ep, [&](StatsRequest&& req) -> absl::StatusOr<StatsReply> {
+    ran.fetch_add(1);
+    if (p.bus_a.current_executor()) on_executor.fetch_add(1);
+    {
+      std::lock_guard lock(ids_mu);
+      threads.insert(std::this_thread::get_id());
+    }
+    std::string s = req->getSensor().cStr();
+    if (s == "boom") throw std::runtime_error("sensor on fire");
+    if (s.starts_with("err:")) return absl::NotFoundError(s);
+    uint64_t n = s.empty() ? 0 : std::stoull(s.substr(s.find(':') + 1));
+    return bus::build<demo::StatsReply>([&](demo::StatsReply::Builder r) { r.setReadings(n); });
+  });
+  p.b.import_endpoint(stats_ep);
+  ASSERT_TRUE(p.b.wait_for_server(stats_ep.name(), 10s));
+
+  for (uint64_t i = 0; i < 50; ++i) {
+    auto rep = p.bus_b.call(stats_ep, ask(absl::StrCat("ok:", i).c_str()), 10s);
+    ASSERT_TRUE(rep.ok()) << rep.status();
+    EXPECT_EQ((*rep)->getReadings(), i);
+  }
+  auto nf = p.bus_b.call(stats_ep, ask("err:7"), 10s);
+  EXPECT_EQ(nf.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(nf.status().message(), "err:7");
+  auto boom = p.bus_b.call(stats_ep, ask("boom"), 10s);
+  EXPECT_EQ(boom.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(boom.status().message().find("sensor on fire"), std::string::npos) << boom.status();
+
+  // Pipelined from an executor of B: they reach A in batches and are answered in one pass each.
+  constexpr int kN = 500;
+  std::mutex mu;
+  std::vector<absl::StatusOr<StatsReply>> results(kN, absl::UnknownError("no answer yet"));
+  std::atomic<int> answered{0};
+  ASSERT_TRUE(p.bus_b
+                  .post(bus::on_executor(0),
+                        [&] {
+                          for (int i = 0; i < kN; ++i) {
+                            std::string s = absl::StrCat(i % 2 == 0 ? "ok:" : "err:", i);
+                            p.bus_b.request(stats_ep, ask(s.c_str()), 30s,
+                                            [&, i](absl::StatusOr<StatsReply> r) {
+                                              std::lock_guard lock(mu);
+                                              results[i] = std::move(r);
+                                              answered.fetch_add(1);
+                                            });
+                          }
+                        })
+                  .ok());
+  ASSERT_TRUE(bus_test::eventually([&] { return answered.load() == kN; }, 60s));
+  {
+    std::lock_guard lock(mu);
+    for (int i = 0; i < kN; ++i) {
+      if (i % 2 == 0) {
+        ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+        EXPECT_EQ((*results[i])->getReadings(), static_cast<uint64_t>(i));
+      } else {
+        EXPECT_EQ(results[i].status().code(), absl::StatusCode::kNotFound) << i;
+        EXPECT_EQ(results[i].status().message(), absl::StrCat("err:", i));
+      }
+    }
+  }
+
+  // In-process callers of A reach the same handler, through the bridge's inbox.
+  auto local = p.bus_a.call(stats_ep, ask("ok:99"), 10s);
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_EQ((*local)->getReadings(), 99u);
+
+  constexpr uint64_t kCalls = 50 + 2 + kN + 1;
+  EXPECT_EQ(ran.load(), kCalls);
+  EXPECT_EQ(on_executor.load(), 0u);
+  {
+    std::lock_guard lock(ids_mu);
+    EXPECT_EQ(threads.size(), 1u);  // the bridge thread, for every caller
+  }
+  const bus::ChannelStats* st = p.bus_a.stats().channel(stats_ep.name());
+  ASSERT_NE(st, nullptr);
+  EXPECT_EQ(st->published, kCalls);
+  EXPECT_EQ(st->delivered, kCalls - 1);
+  EXPECT_EQ(st->handler_failed, 1u);
+  EXPECT_EQ(p.a.stats().channel(stats_ep.name()).received, kCalls - 1);
+  EXPECT_LT(p.a.stats().reply_frames, static_cast<uint64_t>(50 + 2 + kN / 4));
+
+  // A stopped node serves no more: in-process callers find no handler.
+  p.a.stop();
+  auto after = p.bus_a.call(stats_ep, ask("ok:1"), 10s);
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable) << after.status();
+}
+
+TEST(Node, ServingAnAlreadyExportedEndpointAddsTheBridgeServer) {
+  // export_endpoint() then serve() on the same endpoint: the second adds its handler to the
+  // export the first made (the bridge keeps one export per name).
+  Pair p;
+  std::atomic<int> executor_calls{0}, bridge_calls{0};
+  auto on_executor = p.bus_a.serve(stats_ep, [&](StatsRequest&&) {
+    executor_calls.fetch_add(1);
+    return bus::build<demo::StatsReply>([&](demo::StatsReply::Builder r) { r.setReadings(1); });
+  });
+  p.a.export_endpoint(stats_ep);
+  p.a.serve(stats_ep, [&](StatsRequest&&) {
+    bridge_calls.fetch_add(1);
+    return bus::build<demo::StatsReply>([&](demo::StatsReply::Builder r) { r.setReadings(2); });
+  });
+  p.b.import_endpoint(stats_ep);
+  ASSERT_TRUE(p.b.wait_for_server(stats_ep.name(), 10s));
+  // Routing takes turns between the two local servers of A, remote requests included.
+  uint64_t sum = 0;
+  for (int i = 0; i < 40; ++i) {
+    auto rep = p.bus_b.call(stats_ep, ask(), 10s);
+    ASSERT_TRUE(rep.ok()) << rep.status();
+    sum += (*rep)->getReadings();
+  }
+  EXPECT_EQ(executor_calls.load() + bridge_calls.load(), 40);
+  EXPECT_GT(executor_calls.load(), 0);
+  EXPECT_GT(bridge_calls.load(), 0);
+  EXPECT_EQ(sum, static_cast<uint64_t>(executor_calls.load() + 2 * bridge_calls.load()));
 }
 
 TEST(Node, ARequestBatchFromARawPeerIsAnsweredWithAReplyBatch) {

@@ -482,6 +482,13 @@ struct EndpointTarget : Target {
   }
 
   static void run(Target* self, void* payload, Inbox& in);
+  /// On the server's thread: the plain handler's answer to `req`, counted as delivered or failed
+  /// (a throw becomes Internal); DeadlineExceeded without running it, counted as expired, once
+  /// `deadline` has passed.
+  absl::StatusOr<Rep> answer(Inbox& in, Req&& req, Clock::time_point deadline);
+
+ private:
+  absl::Status expired(Inbox& in);
 };
 
 template <class Req, class Rep>
@@ -551,11 +558,7 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
   }
   if (Clock::now() > env.deadline) {
     // The caller has given up (or is about to): do not spend the handler on it.
-    in.counters.add(t->channel, kExpired);
-    t->state->reply(
-        in, env,
-        absl::DeadlineExceededError(absl::StrCat("bus: request to '", channel_info(t->channel).name,
-                                                 "' expired before a handler ran")));
+    t->state->reply(in, env, t->expired(in));
     return;
   }
   if (t->forward) {
@@ -576,17 +579,30 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
     }
     return;
   }
-  absl::StatusOr<Rep> result;
+  t->state->reply(in, env, t->answer(in, std::move(env.request), env.deadline));
+}
+
+template <class Req, class Rep>
+absl::StatusOr<Rep> EndpointTarget<Req, Rep>::answer(Inbox& in, Req&& req,
+                                                     Clock::time_point deadline) {
+  if (Clock::now() > deadline) return expired(in);
   try {
-    result = t->fn(std::move(env.request));
-    in.counters.add(t->channel, kDelivered);
+    absl::StatusOr<Rep> result = fn(std::move(req));
+    in.counters.add(channel, kDelivered);
+    return result;
   } catch (...) {
-    in.counters.add(t->channel, kHandlerFailed);
-    result = absl::InternalError(
-        absl::StrCat("bus: handler of '", channel_info(t->channel).name,
+    in.counters.add(channel, kHandlerFailed);
+    return absl::InternalError(
+        absl::StrCat("bus: handler of '", channel_info(channel).name,
                      "' threw: ", describe_exception(std::current_exception())));
   }
-  t->state->reply(in, env, std::move(result));
+}
+
+template <class Req, class Rep>
+absl::Status EndpointTarget<Req, Rep>::expired(Inbox& in) {
+  in.counters.add(channel, kExpired);
+  return absl::DeadlineExceededError(absl::StrCat("bus: request to '", channel_info(channel).name,
+                                                  "' expired before a handler ran"));
 }
 
 }  // namespace bus::detail

@@ -85,6 +85,23 @@ class Node {
     BUS_NET_REQUIRE_CODEC(Rep);
     return add(std::make_unique<detail::ExportEndpoint<Req, Rep>>(endpoint));
   }
+  /// Serves `endpoint` on the bridge thread and exports it. `handler(Req&&)` returns Rep or
+  /// absl::StatusOr<Rep>, as with Bus::serve(). A request from another node runs it as soon as
+  /// the bridge reads it, and the reply leaves in the same pass: no thread hop on this side,
+  /// where a server on an executor costs two. In-process requests reach it too, through the
+  /// bridge's inbox, and it takes turns with the endpoint's other local servers. For short
+  /// handlers that never block (not Bus::call()): while one runs, the node moves no traffic.
+  /// It stops serving when the node stops.
+  template <class Req, class Rep, class F>
+  requires std::invocable<F&, Req&&> Node& serve(const Endpoint<Req, Rep>& endpoint, F&& handler) {
+    BUS_NET_REQUIRE_CODEC(Req);
+    BUS_NET_REQUIRE_CODEC(Rep);
+    return add(std::make_unique<detail::ExportEndpoint<Req, Rep>>(
+        endpoint, typename detail::ExportEndpoint<Req, Rep>::Handler(
+                      [f = std::forward<F>(handler)](Req&& r) mutable {
+                        return ::bus::detail::invoke_handler<Rep>(f, std::move(r));
+                      })));
+  }
   /// Local requests on `endpoint` may go to live nodes that serve it (round-robin with local
   /// servers). A request whose node dies fails with Aborted ("peer gone") at once.
   template <class Req, class Rep>

@@ -132,6 +132,38 @@ struct BusAccess {
     return st.targets.add(
         std::make_unique<bus::detail::EndpointTarget<Req, Rep>>(ep.id(), in, st, std::move(fwd)));
   }
+  /// A local server of `ep` on the bridge's own inbox (Node::serve).
+  template <class Req, class Rep>
+  static Subscription serve_at(Bus& bus, const Endpoint<Req, Rep>& ep, bus::detail::Inbox& in,
+                               typename bus::detail::EndpointTarget<Req, Rep>::Handler fn) {
+    auto& st = bus.endpoint_state(ep);
+    return bus.add_consumer(st.targets, std::make_unique<bus::detail::EndpointTarget<Req, Rep>>(
+                                            ep.id(), in, st, std::move(fn)));
+  }
+  /// A request from the bridge thread to a local server of `ep`. When routing picks a server on
+  /// the bridge's own inbox (Node::serve) with a plain handler, it runs here and now and
+  /// `callback` gets its answer at once: no record, no thread hop. Any other server gets the
+  /// request as Bus::request() would send it, and `callback` runs later.
+  template <class Req, class Rep, class F>
+  static void request_local(Bus& bus, ExternalInbox& from, const Endpoint<Req, Rep>& ep, Req&& req,
+                            Clock::duration timeout, F&& callback) {
+    bus::detail::Core& c = *bus.core_;
+    bus::detail::Producer& p = c.producer();
+    bus::detail::Inbox& home = *from.inbox_;
+    auto deadline = Clock::now() + timeout;
+    auto& st = bus.endpoint_state(ep);
+    bus::detail::EndpointTarget<Req, Rep>* t = nullptr;
+    if (c.enter(p)) {
+      t = bus::detail::pick(p, st.targets.load(), st.channel, st.key, static_cast<const Req&>(req));
+      c.leave(p);
+    }
+    if (t != nullptr && t->inbox == &home && t->fn) {  // fn: read on its owner thread, this one
+      p.counters.add(ep.id(), bus::detail::kPublished);
+      callback(t->answer(home, std::move(req), deadline));
+      return;
+    }
+    bus.request_from(p, home, ep, std::move(req), deadline, std::forward<F>(callback), t);
+  }
   template <class T>
   static bus::detail::QueueState<T>& queue_state(Bus& bus, const Queue<T>& q) {
     return bus.queue_state(q);
@@ -194,6 +226,9 @@ class Bridged {
   /// On the bridge thread, once registered / when the node stops.
   virtual void start(Link&) {}
   virtual void stop(Link&) {}
+  /// On the bridge thread: the same channel added again (Node::serve() after export_endpoint(),
+  /// say). Takes what `again` adds; it is then dropped.
+  virtual void merge(Link&, Bridged& /*again*/) {}
   /// Import topic, export queue: one payload from another node, for local delivery.
   virtual absl::Status deliver(Link&, kj::ArrayPtr<const capnp::word>) {
     return absl::InternalError("not a receiving channel");
@@ -299,11 +334,32 @@ class ImportQueue final : public Bridged {
   bool routed_ = false;
 };
 
+/// Serves other nodes' requests with the local servers of an endpoint; with a handler of its
+/// own (Node::serve), also one such server on the bridge's inbox, which answers them inline.
 template <class Req, class Rep>
 class ExportEndpoint final : public Bridged {
  public:
-  explicit ExportEndpoint(const Endpoint<Req, Rep>& e)
-      : Bridged(Role::kExportEndpoint, e, schema_id<Req>(), schema_id<Rep>()), endpoint_(e) {}
+  using Handler = typename bus::detail::EndpointTarget<Req, Rep>::Handler;
+  explicit ExportEndpoint(const Endpoint<Req, Rep>& e, Handler here = nullptr)
+      : Bridged(Role::kExportEndpoint, e, schema_id<Req>(), schema_id<Rep>()),
+        endpoint_(e),
+        here_(std::move(here)) {}
+  void start(Link& link) override {
+    if (here_) {
+      servers_.push_back(BusAccess::serve_at(link.bus(), endpoint_, BusAccess::inbox(link.inbox()),
+                                             std::move(here_)));
+    }
+  }
+  void stop(Link&) override {
+    for (Subscription& s : servers_) s.cancel();
+  }
+  void merge(Link& link, Bridged& again) override {
+    // Another C++ type under the same name and schema id cannot serve this endpoint's requests.
+    if (auto* same = dynamic_cast<ExportEndpoint*>(&again); same != nullptr && same->here_) {
+      here_ = std::move(same->here_);
+      start(link);
+    }
+  }
   void serve(Link& link, RemoteCall call, kj::ArrayPtr<const capnp::word> payload,
              Clock::duration timeout) override {
     absl::StatusOr<Req> req = decode<Req>(payload, link.limits());
@@ -312,16 +368,18 @@ class ExportEndpoint final : public Bridged {
       return;
     }
     // From the bridge thread, the bus routes to local servers only.
-    link.bus().request(endpoint_, std::move(*req), timeout,
-                       [this, &link, call = std::move(call)](absl::StatusOr<Rep> rep) {
-                         std::string bytes;
-                         if (rep.ok()) encode(*rep, bytes);
-                         link.reply(*this, call, rep.status(), std::move(bytes));
-                       });
+    BusAccess::request_local(link.bus(), link.inbox(), endpoint_, std::move(*req), timeout,
+                             [this, &link, call = std::move(call)](absl::StatusOr<Rep> rep) {
+                               std::string bytes;
+                               if (rep.ok()) encode(*rep, bytes);
+                               link.reply(*this, call, rep.status(), std::move(bytes));
+                             });
   }
 
  private:
   const Endpoint<Req, Rep>& endpoint_;
+  Handler here_;  // moved into a server at start()
+  std::vector<Subscription> servers_;
 };
 
 template <class Req, class Rep>
