@@ -354,7 +354,7 @@ class ExportEndpoint final : public Bridged {
     for (Subscription& s : servers_) s.cancel();
   }
   void merge(Link& link, Bridged& again) override {
-    // Another C++ type under the same name and schema id cannot serve this endpoint's requests.
+    // One name is one channel type (the registry throws otherwise), so `again` is one of these.
     if (auto* same = dynamic_cast<ExportEndpoint*>(&again); same != nullptr && same->here_) {
       here_ = std::move(same->here_);
       start(link);
