@@ -10,6 +10,7 @@
 #include <bus/net/node.hpp>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -70,6 +71,36 @@ struct Pair {
     b.peer(a.publish_endpoint());
   }
 };
+
+/// Makes `n` requests to stats_ep at once, from executor 0 of `bus`: request i asks for sensor
+/// `sensor(i)` within `timeout(i)`. Returns the answers in request order once all came (one that
+/// never came keeps "no answer yet"; late callbacks find the state still alive).
+std::vector<absl::StatusOr<StatsReply>> pipeline(
+    bus::Bus& bus, int n, std::function<std::string(int)> sensor,
+    std::function<std::chrono::milliseconds(int)> timeout) {
+  struct State {
+    std::mutex mu;
+    std::vector<absl::StatusOr<StatsReply>> results;
+    std::atomic<int> answered{0};
+  };
+  auto st = std::make_shared<State>();
+  st->results.assign(n, absl::UnknownError("no answer yet"));
+  EXPECT_TRUE(bus.post(bus::on_executor(0),
+                       [&bus, st, n, sensor, timeout] {
+                         for (int i = 0; i < n; ++i) {
+                           bus.request(stats_ep, ask(sensor(i).c_str()), timeout(i),
+                                       [st, i](absl::StatusOr<StatsReply> r) {
+                                         std::lock_guard lock(st->mu);
+                                         st->results[i] = std::move(r);
+                                         st->answered.fetch_add(1);
+                                       });
+                         }
+                       })
+                  .ok());
+  EXPECT_TRUE(bus_test::eventually([&] { return st->answered.load() == n; }, 60s));
+  std::lock_guard lock(st->mu);
+  return st->results;
+}
 
 }  // namespace
 
@@ -176,29 +207,15 @@ TEST(Node, PipelinedRequestsTravelInBatchesAndEachGetsItsOwnAnswer) {
   ASSERT_TRUE(bus_test::eventually([&] { return !p.b.peers().empty(); }, 10s));
 
   constexpr int kN = 600;
-  std::mutex mu;
-  std::vector<absl::StatusOr<StatsReply>> results(kN, absl::UnknownError("no answer yet"));
-  std::atomic<int> answered{0};
-  ASSERT_TRUE(p.bus_b
-                  .post(bus::on_executor(0),
-                        [&] {
-                          for (int i = 0; i < kN; ++i) {
-                            std::string s = i % 3 == 0   ? absl::StrCat("ok:", i)
-                                            : i % 3 == 1 ? absl::StrCat("err:", i)
-                                                         : "hold";
-                            auto timeout = i % 3 == 2 ? 300ms : 30s;
-                            p.bus_b.request(stats_ep, ask(s.c_str()), timeout,
-                                            [&, i](absl::StatusOr<StatsReply> r) {
-                                              std::lock_guard lock(mu);
-                                              results[i] = std::move(r);
-                                              answered.fetch_add(1);
-                                            });
-                          }
-                        })
-                  .ok());
-  ASSERT_TRUE(bus_test::eventually([&] { return answered.load() == kN; }, 60s));
+  std::vector<absl::StatusOr<StatsReply>> results = pipeline(
+      p.bus_b, kN,
+      [](int i) {
+        return i % 3 == 0   ? absl::StrCat("ok:", i)
+               : i % 3 == 1 ? absl::StrCat("err:", i)
+                            : std::string("hold");
+      },
+      [](int i) -> std::chrono::milliseconds { return i % 3 == 2 ? 300ms : 30s; });
   {
-    std::lock_guard lock(mu);
     for (int i = 0; i < kN; ++i) {
       const auto& r = results[i];
       if (i % 3 == 0) {
@@ -273,26 +290,10 @@ TEST(Node, AnEndpointServedOnTheBridgeThreadAnswersEveryCallerInline) {
 
   // Pipelined from an executor of B: they reach A in batches and are answered in one pass each.
   constexpr int kN = 500;
-  std::mutex mu;
-  std::vector<absl::StatusOr<StatsReply>> results(kN, absl::UnknownError("no answer yet"));
-  std::atomic<int> answered{0};
-  ASSERT_TRUE(p.bus_b
-                  .post(bus::on_executor(0),
-                        [&] {
-                          for (int i = 0; i < kN; ++i) {
-                            std::string s = absl::StrCat(i % 2 == 0 ? "ok:" : "err:", i);
-                            p.bus_b.request(stats_ep, ask(s.c_str()), 30s,
-                                            [&, i](absl::StatusOr<StatsReply> r) {
-                                              std::lock_guard lock(mu);
-                                              results[i] = std::move(r);
-                                              answered.fetch_add(1);
-                                            });
-                          }
-                        })
-                  .ok());
-  ASSERT_TRUE(bus_test::eventually([&] { return answered.load() == kN; }, 60s));
+  std::vector<absl::StatusOr<StatsReply>> results = pipeline(
+      p.bus_b, kN, [](int i) { return absl::StrCat(i % 2 == 0 ? "ok:" : "err:", i); },
+      [](int) -> std::chrono::milliseconds { return 30s; });
   {
-    std::lock_guard lock(mu);
     for (int i = 0; i < kN; ++i) {
       if (i % 2 == 0) {
         ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
