@@ -450,6 +450,10 @@ int main(int argc, char** argv) {
     add(tag + "bus-batch", "bus publish, Batch of 256", section, Kind::kThroughput,
         {bus, "sub", e, sz}, {bus, "pub", e, sz, "batch=256"}, count(k.batch));
     e = endpoint();
+    add(tag + "bus-bridge", "bus Batch of 256, subscriber on the bridge", section,
+        Kind::kThroughput, {bus, "sub", e, sz, "on=bridge"}, {bus, "pub", e, sz, "batch=256"},
+        count(k.batch));
+    e = endpoint();
     add(tag + "zmq-pushpull", "ZeroMQ PUSH/PULL", section, Kind::kThroughput, {zmq, "pull", e, sz},
         {zmq, "push", e, sz}, count(k.pushpull));
     e = endpoint();
@@ -690,8 +694,9 @@ int main(int argc, char** argv) {
   };
   for (uint64_t size : {16, 64, 1024}) {
     std::string p = "tp" + num(size) + ".", sz = size_name(size);
-    for (auto [id, name] :
-         {std::pair<std::string, std::string>{"bus", "bus"}, {"bus-batch", "bus Batch"}}) {
+    for (auto [id, name] : {std::pair<std::string, std::string>{"bus", "bus"},
+                            {"bus-batch", "bus Batch"},
+                            {"bus-bridge", "bus Batch, sub on bridge"}}) {
       target(name + " " + sz + " / ZeroMQ PUSH/PULL", p + id, p + "zmq-pushpull", &Sample::value,
              true, 0.9);
       target(name + " " + sz + " / ZeroMQ XPUB/SUB", p + id, p + "zmq-pubsub", &Sample::value, true,

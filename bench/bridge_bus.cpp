@@ -3,7 +3,7 @@
 // to end it.
 //
 //   bus_bridge_bus pub    endpoint=tcp://127.0.0.1:P size=64 count=N [batch=256]
-//   bus_bridge_bus sub    endpoint=tcp://127.0.0.1:P size=64 count=N
+//   bus_bridge_bus sub    endpoint=tcp://127.0.0.1:P size=64 count=N [on=bridge]
 //   bus_bridge_bus server endpoint=tcp://127.0.0.1:P [on=bridge]
 //   bus_bridge_bus rtt    endpoint=tcp://127.0.0.1:P size=16 count=N [warmup=W]
 //   bus_bridge_bus pipe   endpoint=tcp://127.0.0.1:P size=16 count=N [window=1000] [warmup=W]
@@ -12,7 +12,8 @@
 //
 // Each process is what a user writes: a bus::Bus with one executor and a bus::net::Node. The
 // publisher exports a Topic<Message<Blob>> and publishes from its main thread (with `batch`, in
-// bus::Batch scopes of that many messages); the subscriber imports it and subscribes. The
+// bus::Batch scopes of that many messages); the subscriber imports it and subscribes (on
+// executor 0, or with on=bridge on the node's bridge thread: Node::subscribe). The
 // server exports an Endpoint<Message<Blob>, Message<Blob>> that echoes (served on the executor,
 // or with on=bridge on the node's bridge thread: Node::serve); `rtt` calls it from a plain
 // thread, `pipe` keeps `window` requests outstanding from executor 0.
@@ -115,13 +116,12 @@ int role_sub(const Args& a) {
                                .name("bench-sub")
                                .publish_on("tcp://127.0.0.1:*")
                                .peer(a.str("endpoint")));
-  node.import_topic(kBlobs);
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  // Handler state: touched by executor 0 only until `done` is set under `mu`.
+  // Handler state: touched by the handler's thread only until `done` is set under `mu`.
   uint64_t count = 0, sum = 0, out_of_order = 0, t_first = 0, t_last = 0, c_last = 0;
-  auto s = bus.subscribe(kBlobs, [&](const Blob& m) {
+  auto handler = [&](const Blob& m) {
     auto r = *m;
     uint64_t seq = r.getSeq();
     auto d = r.getData();
@@ -136,7 +136,15 @@ int role_sub(const Args& a) {
       done = true;
       cv.notify_one();
     }
-  });
+  };
+  bus::Subscription s;
+  const bool on_bridge = a.kv.contains("on") && a.str("on") == "bridge";
+  if (on_bridge) {
+    node.subscribe(kBlobs, handler);  // on the bridge thread (Node::subscribe)
+  } else {
+    node.import_topic(kBlobs);
+    s = bus.subscribe(kBlobs, handler);
+  }
   uint64_t c0 = cpu_ns();
   ready();
   bool finished;
@@ -144,8 +152,13 @@ int role_sub(const Args& a) {
     std::unique_lock lock(mu);
     finished = cv.wait_for(lock, 120s, [&] { return done; });
   }
-  s.cancel();  // after this the handler's state is ours
   auto t = node.stats().channel(kBlobs.name());
+  // After this the handler's state is ours (n messages came: no more are on their way).
+  if (on_bridge) {
+    node.stop();
+  } else {
+    s.cancel();
+  }
   uint64_t expect = n * (n + 1) / 2 + n * last;
   std::printf(
       "result count=%llu ok=%d t_first=%llu t_last=%llu cpu=%llu gaps=%llu received=%llu "

@@ -54,15 +54,20 @@ void Bridge::wake() {
 void Bridge::add(std::unique_ptr<Bridged> channel) {
   query([this, &channel] {
     if (!inbox_) return 0;  // stopped
+    Bridged* ch = nullptr;
     for (auto& have : channels_) {
       if (have->role == channel->role && have->name == channel->name) {
-        have->merge(*this, *channel);
-        return 0;
+        ch = have.get();
+        ch->merge(*this, *channel);  // Node::subscribe() or serve() on a channel it has
+        break;
       }
     }
-    Bridged* ch = channel.get();
-    channels_.push_back(std::move(channel));
-    ch->start(*this);
+    const bool fresh = ch == nullptr;
+    if (fresh) {
+      ch = channel.get();
+      channels_.push_back(std::move(channel));
+      ch->start(*this);
+    }
     switch (ch->role) {
       case Bridged::Role::kExportTopic: break;
       case Bridged::Role::kImportTopic:
@@ -72,7 +77,9 @@ void Bridge::add(std::unique_ptr<Bridged> channel) {
       case Bridged::Role::kExportEndpoint: export_endpoints_[ch->name] = ch; break;
       case Bridged::Role::kExportQueue: export_queues_[ch->name] = ch; break;
       case Bridged::Role::kImportEndpoint:
-      case Bridged::Role::kImportQueue: imported_calls_.push_back(ch); break;
+      case Bridged::Role::kImportQueue:
+        if (fresh) imported_calls_.push_back(ch);
+        break;
     }
     update_reachability();
     next_heartbeat_ = Clock::now();  // tell the peers now

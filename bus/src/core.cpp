@@ -25,6 +25,12 @@ std::string describe_exception(std::exception_ptr e) {
   }
 }
 
+void subscriber_threw(Inbox& in, uint32_t channel, std::size_t messages) {
+  in.counters.add(channel, kHandlerFailed, messages);
+  in.core().log_once(channel, "handler",
+                     "subscriber threw: " + describe_exception(std::current_exception()));
+}
+
 std::size_t ring_words_for(std::size_t bytes) {
   return std::bit_ceil(std::max<std::size_t>(bytes / 8, 64));
 }

@@ -360,6 +360,79 @@ TEST(Node, ServingAnAlreadyExportedEndpointAddsTheBridgeServer) {
   EXPECT_EQ(sum, static_cast<uint64_t>(executor_calls.load() + 2 * bridge_calls.load()));
 }
 
+TEST(Node, ATopicSubscribedOnTheBridgeThreadTakesRemoteAndLocalMessagesInline) {
+  // Node B subscribes on its bridge thread: A's messages reach the handler there, in order, never
+  // on an executor; B's own publishes reach it too; a throw is counted and the rest go on.
+  Pair p;
+  p.a.export_topic(readings);
+  std::mutex mu;
+  std::vector<uint64_t> seen;
+  std::set<std::thread::id> threads;
+  std::atomic<uint64_t> on_executor{0};
+  p.b.subscribe(readings, [&](const Reading& r) {
+    if (p.bus_b.current_executor()) on_executor.fetch_add(1);
+    {
+      std::lock_guard lock(mu);
+      seen.push_back(r->getSeq());
+      threads.insert(std::this_thread::get_id());
+    }
+    if (r->getSeq() == 13) throw std::runtime_error("unlucky reading");
+  });
+  ASSERT_TRUE(p.a.wait_for_subscribers(readings.name(), 1, 10s));
+  constexpr uint64_t kN = 5000;
+  for (uint64_t i = 1; i <= kN; ++i) ASSERT_TRUE(p.bus_a.publish(readings, reading(i, 1.0)).ok());
+  ASSERT_TRUE(bus_test::eventually(
+      [&] {
+        std::lock_guard lock(mu);
+        return seen.size() == kN;
+      },
+      30s));
+  constexpr uint64_t kLocal = 5;
+  for (uint64_t i = 1; i <= kLocal; ++i) {
+    ASSERT_TRUE(p.bus_b.publish(readings, reading(kN + i, 2.0)).ok());
+  }
+  ASSERT_TRUE(bus_test::eventually(
+      [&] {
+        std::lock_guard lock(mu);
+        return seen.size() == kN + kLocal;
+      },
+      30s));
+  {
+    std::lock_guard lock(mu);
+    for (uint64_t i = 0; i < kN + kLocal; ++i) ASSERT_EQ(seen[i], i + 1);
+    EXPECT_EQ(threads.size(), 1u);  // the bridge thread, for remote and local messages alike
+  }
+  EXPECT_EQ(on_executor.load(), 0u);
+  const bus::ChannelStats* st = p.bus_b.stats().channel(readings.name());
+  ASSERT_NE(st, nullptr);
+  EXPECT_EQ(st->delivered, kN + kLocal - 1);
+  EXPECT_EQ(st->handler_failed, 1u);
+  auto net = p.b.stats().channel(readings.name());
+  EXPECT_EQ(net.received, kN);
+  EXPECT_EQ(net.gaps, 0u);
+}
+
+TEST(Node, ABridgeSubscriberAndExecutorSubscribersOfOneImportEachGetEveryMessage) {
+  // import_topic() and an executor subscriber first, then subscribe() on the bridge: the second
+  // adds its handler to the import the first made, and neither takes messages from the other.
+  Pair p;
+  p.a.export_topic(readings);
+  p.b.import_topic(readings);
+  std::atomic<uint64_t> on_executor{0}, on_bridge{0}, bridge_sum{0};
+  auto sub = p.bus_b.subscribe(readings, [&](const Reading&) { on_executor.fetch_add(1); });
+  p.b.subscribe(readings, [&](const Reading& r) {
+    on_bridge.fetch_add(1);
+    bridge_sum.fetch_add(r->getSeq());
+  });
+  ASSERT_TRUE(p.a.wait_for_subscribers(readings.name(), 1, 10s));
+  constexpr uint64_t kN = 1000;
+  for (uint64_t i = 1; i <= kN; ++i) ASSERT_TRUE(p.bus_a.publish(readings, reading(i, 1.0)).ok());
+  ASSERT_TRUE(bus_test::eventually(
+      [&] { return on_executor.load() == kN && on_bridge.load() == kN; }, 30s));
+  EXPECT_EQ(bridge_sum.load(), kN * (kN + 1) / 2);
+  EXPECT_EQ(p.bus_b.stats().channel(readings.name())->delivered, 2 * kN);
+}
+
 TEST(Node, ARequestBatchFromARawPeerIsAnsweredWithAReplyBatch) {
   // What a peer in another language does (docs/wire-protocol.md, section 7): three requests in
   // one frame, one of them of the wrong type, answered in one reply frame.

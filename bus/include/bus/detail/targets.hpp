@@ -21,6 +21,10 @@ namespace bus::detail {
 
 std::string describe_exception(std::exception_ptr e);
 
+/// In a catch block: `messages` of `channel` failed in a subscriber on `in`. Counts them and logs
+/// the first such failure of the channel.
+void subscriber_threw(Inbox& in, uint32_t channel, std::size_t messages);
+
 /// Destroys a record's payload when the invoke that consumes it ends, however it ends.
 template <class P>
 struct PayloadGuard {
@@ -196,9 +200,7 @@ struct TopicTarget : Target {
     }
   }
   [[gnu::noinline]] void handler_threw(Inbox& in, std::size_t messages) {
-    in.counters.add(channel, kHandlerFailed, messages);
-    in.core().log_once(channel, "handler",
-                       "subscriber threw: " + describe_exception(std::current_exception()));
+    subscriber_threw(in, channel, messages);
   }
   static void run(Target* self, void* payload, Inbox& in) {
     auto* t = static_cast<TopicTarget*>(self);

@@ -72,6 +72,17 @@ class Node {
     BUS_NET_REQUIRE_CODEC(T);
     return add(std::make_unique<detail::ExportQueue<T>>(queue));
   }
+  /// Subscribes `handler(const T&)` to `topic` on the bridge thread and imports the topic. A
+  /// message from another node reaches it as soon as the bridge reads it: no copy into a ring,
+  /// no thread hop (a subscriber on an executor costs one). In-process publishes reach it too,
+  /// through the bridge's inbox. For short handlers that never block: while one runs, the node
+  /// moves no traffic. It is unsubscribed when the node stops.
+  template <class T, class F>
+  requires std::invocable<F&, const T&> Node& subscribe(const Topic<T>& topic, F&& handler) {
+    BUS_NET_REQUIRE_CODEC(T);
+    return add(std::make_unique<detail::ImportTopic<T>>(
+        topic, typename detail::ImportTopic<T>::Handler(std::forward<F>(handler))));
+  }
   /// Local sends on `queue` may go to consumers on other nodes (they take turns with local ones).
   template <class T>
   Node& import_queue(const Queue<T>& queue) {

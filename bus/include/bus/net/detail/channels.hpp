@@ -193,6 +193,17 @@ struct BusAccess {
                                                               const Endpoint<Req, Rep>& ep) {
     return bus.endpoint_state(ep);
   }
+  /// Runs `fn` on `msg` as a subscriber of `topic` on the bridge's inbox, counted as that inbox
+  /// counts its subscribers: delivered, or failed (and logged once) when it throws.
+  template <class T, class F>
+  static void run_subscriber(ExternalInbox& x, const Topic<T>& topic, F& fn, const T& msg) {
+    try {
+      fn(msg);
+      x.inbox_->counters.add(topic.id(), bus::detail::kDelivered);
+    } catch (...) {
+      bus::detail::subscriber_threw(*x.inbox_, topic.id(), 1);
+    }
+  }
   /// True when `topic` has a subscriber on another inbox than `except` (the bridge's own).
   template <class T>
   static bool has_subscribers(Bus& bus, const Topic<T>& topic, bus::detail::Inbox& except) {
@@ -271,23 +282,58 @@ class ExportTopic final : public Bridged {
   Subscription sub_;
 };
 
+/// Bridged::merge() for a channel whose only addition is a handler of its own (`here_`, taken
+/// at start()): `self` takes `again`'s.
+template <class C>
+void merge_handler(C& self, Link& link, Bridged& again) {
+  // One name is one channel type (the registry throws otherwise), so `again` is a C.
+  if (auto* same = dynamic_cast<C*>(&again); same != nullptr && same->here_) {
+    self.here_ = std::move(same->here_);
+    self.start(link);
+  }
+}
+
+/// Brings other nodes' messages of a topic to its local subscribers; with a handler of its own
+/// (Node::subscribe), also one such subscriber on the bridge thread, which takes them inline.
 template <class T>
 class ImportTopic final : public Bridged {
  public:
-  explicit ImportTopic(const Topic<T>& t)
-      : Bridged(Role::kImportTopic, t, schema_id<T>(), 0), topic_(t) {}
+  using Handler = absl::AnyInvocable<void(const T&)>;
+  explicit ImportTopic(const Topic<T>& t, Handler here = nullptr)
+      : Bridged(Role::kImportTopic, t, schema_id<T>(), 0), topic_(t), here_(std::move(here)) {}
+  void start(Link& link) override {
+    if (!here_) return;
+    auto h = std::make_shared<Handler>(std::move(here_));
+    here_ = nullptr;
+    handlers_.push_back(h);
+    // Local publishes reach it through the bridge's inbox (the bridge's own publishes skip that
+    // inbox: they come here, to deliver(), instead).
+    subs_.push_back(link.inbox().subscribe(topic_, [h](const T& m) { (*h)(m); }));
+  }
+  void stop(Link&) override {
+    for (Subscription& s : subs_) s.cancel();
+    handlers_.clear();
+  }
+  void merge(Link& link, Bridged& again) override { merge_handler(*this, link, again); }
   absl::Status deliver(Link& link, kj::ArrayPtr<const capnp::word> payload) override {
     absl::StatusOr<T> m = decode<T>(payload, link.limits());
     if (!m.ok()) return m.status();
+    for (const auto& h : handlers_) BusAccess::run_subscriber(link.inbox(), topic_, *h, *m);
     (void)link.bus().publish(topic_, std::move(*m));  // local refusals are in the bus's stats
     return absl::OkStatus();
   }
   bool wanted(Link& link) override {
-    return BusAccess::has_subscribers(link.bus(), topic_, BusAccess::inbox(link.inbox()));
+    return !handlers_.empty() ||
+           BusAccess::has_subscribers(link.bus(), topic_, BusAccess::inbox(link.inbox()));
   }
 
  private:
   const Topic<T>& topic_;
+  template <class C>
+  friend void merge_handler(C&, Link&, Bridged&);
+  Handler here_;  // moved into handlers_ at start()
+  std::vector<std::shared_ptr<Handler>> handlers_;
+  std::vector<Subscription> subs_;
 };
 
 template <class T>
@@ -353,13 +399,7 @@ class ExportEndpoint final : public Bridged {
   void stop(Link&) override {
     for (Subscription& s : servers_) s.cancel();
   }
-  void merge(Link& link, Bridged& again) override {
-    // One name is one channel type (the registry throws otherwise), so `again` is one of these.
-    if (auto* same = dynamic_cast<ExportEndpoint*>(&again); same != nullptr && same->here_) {
-      here_ = std::move(same->here_);
-      start(link);
-    }
-  }
+  void merge(Link& link, Bridged& again) override { merge_handler(*this, link, again); }
   void serve(Link& link, RemoteCall call, kj::ArrayPtr<const capnp::word> payload,
              Clock::duration timeout) override {
     absl::StatusOr<Req> req = decode<Req>(payload, link.limits());
@@ -378,6 +418,8 @@ class ExportEndpoint final : public Bridged {
 
  private:
   const Endpoint<Req, Rep>& endpoint_;
+  template <class C>
+  friend void merge_handler(C&, Link&, Bridged&);
   Handler here_;  // moved into a server at start()
   std::vector<Subscription> servers_;
 };
