@@ -39,6 +39,7 @@ inline const bus::Endpoint<StatsRequest, StatsReply> stats_ep{"test.net.stats"};
 inline const bus::Queue<Reading> jobs{"test.net.jobs"};
 inline const bus::Endpoint<StatsRequest, StatsReply> failing_ep{"test.net.failing"};
 inline const bus::Endpoint<StatsRequest, StatsReply> slow_ep{"test.net.slow"};
+inline const bus::Topic<Reading> alerts{"test.net.alerts"};
 
 Reading reading(uint64_t seq, double v) {
   return bus::build<demo::Reading>([&](demo::Reading::Builder r) {
@@ -431,6 +432,69 @@ TEST(Node, ABridgeSubscriberAndExecutorSubscribersOfOneImportEachGetEveryMessage
       [&] { return on_executor.load() == kN && on_bridge.load() == kN; }, 30s));
   EXPECT_EQ(bridge_sum.load(), kN * (kN + 1) / 2);
   EXPECT_EQ(p.bus_b.stats().channel(readings.name())->delivered, 2 * kN);
+}
+
+TEST(Node, HandlersOnTheBridgeThreadPublishAndCallAcrossNodes) {
+  // What a bridge-thread handler publishes, sends or requests is the handler's own: it reaches
+  // other nodes like anything published on an executor (only what the bridge hands on from
+  // another node stays local).
+  Pair p;
+  p.a.export_topic(readings);
+  p.b.import_topic(readings);
+  std::mutex mu;
+  std::vector<uint64_t> seen;
+  auto sub = p.bus_b.subscribe(readings, [&](const Reading& r) {
+    std::lock_guard lock(mu);
+    seen.push_back(r->getSeq());
+  });
+  // A's server publishes a reading per request, on A's bridge thread.
+  p.a.serve(stats_ep, [&](StatsRequest&& req) {
+    uint64_t n = std::stoull(req->getSensor().cStr());
+    EXPECT_TRUE(p.bus_a.publish(readings, reading(n, 1.0)).ok());
+    return bus::build<demo::StatsReply>([&](demo::StatsReply::Builder r) { r.setReadings(n); });
+  });
+  p.b.import_endpoint(stats_ep);
+  ASSERT_TRUE(p.b.wait_for_server(stats_ep.name(), 10s));
+  ASSERT_TRUE(p.a.wait_for_subscribers(readings.name(), 1, 10s));
+  auto remote = p.bus_b.call(stats_ep, ask("1"), 10s);  // served inline on A's bridge
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto local = p.bus_a.call(stats_ep, ask("2"), 10s);  // through A's bridge inbox
+  ASSERT_TRUE(local.ok()) << local.status();
+  ASSERT_TRUE(bus_test::eventually(
+      [&] {
+        std::lock_guard lock(mu);
+        return seen.size() == 2;
+      },
+      30s));
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(seen, (std::vector<uint64_t>{1, 2}));
+  }
+
+  // B's bridge-thread subscriber calls an endpoint that only A serves.
+  auto failing = p.bus_a.serve(failing_ep, [](StatsRequest&&) -> absl::StatusOr<StatsReply> {
+    return absl::NotFoundError("answered by A");
+  });
+  p.a.export_endpoint(failing_ep).export_topic(alerts);
+  p.b.import_endpoint(failing_ep);
+  ASSERT_TRUE(p.b.wait_for_server(failing_ep.name(), 10s));
+  std::atomic<int> answers{0};
+  absl::Status answer;
+  p.b.subscribe(alerts, [&](const Reading&) {
+    p.bus_b.request(failing_ep, ask(), 10s, [&](absl::StatusOr<StatsReply> r) {
+      {
+        std::lock_guard lock(mu);
+        answer = r.status();
+      }
+      answers.fetch_add(1);
+    });
+  });
+  ASSERT_TRUE(p.a.wait_for_subscribers(alerts.name(), 1, 10s));
+  ASSERT_TRUE(p.bus_a.publish(alerts, reading(1, 1.0)).ok());
+  ASSERT_TRUE(bus_test::eventually([&] { return answers.load() == 1; }, 30s));
+  std::lock_guard lock(mu);
+  EXPECT_EQ(answer.code(), absl::StatusCode::kNotFound) << answer;
+  EXPECT_EQ(answer.message(), "answered by A");
 }
 
 TEST(Node, ARequestBatchFromARawPeerIsAnsweredWithAReplyBatch) {

@@ -266,12 +266,12 @@ class Bus {
   template <class T, class F>
   Subscription subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& handler);
   /// The topic's one subscribing inbox's target, when there is one and `p` is not a bridge
-  /// thread (which skips its own inbox): publish() then needs no copy.
+  /// thread (which may have to skip its own inbox): publish() then needs no copy.
   template <class T>
   static detail::TopicTarget<T>* sole_target(
       const detail::Producer& p, const detail::TargetList<detail::TopicTarget<T>>* list) {
-    return list != nullptr && list->targets.size() == 1 && !p.bridge ? list->targets.front()
-                                                                     : nullptr;
+    return list != nullptr && list->targets.size() == 1 && !p.bridge_thread ? list->targets.front()
+                                                                            : nullptr;
   }
   template <class T>
   Subscription add_subscriber(const Topic<T>& topic, detail::Inbox& inbox,

@@ -46,9 +46,13 @@ struct Producer {
   uint64_t uid = 0;
   Inbox* own_inbox;  // the inbox this thread drains, if any
   const bool executor;
-  // A bridge thread (bus::net): its publishes skip the targets on its own inbox (the bridge's
-  // export subscriptions) and its sends and requests skip remote proxies, so a message that
-  // came from another node is never sent back out.
+  // A bridge thread (bus::net) never takes the one-inbox route (publish_to_list() instead, which
+  // looks at `bridge`).
+  bool bridge_thread = false;
+  // Set while a bridge thread hands on what came from another node: its publishes then skip the
+  // targets on its own inbox (the bridge's export subscriptions) and its sends and requests skip
+  // remote proxies, so such a message is never sent back out. Clear while the bridge thread runs
+  // handlers (Node::subscribe, Node::serve): what they publish, send and request goes everywhere.
   bool bridge = false;
   std::vector<std::shared_ptr<Ring>> rings;  // by destination inbox index
   std::vector<Ring*> unpublished;

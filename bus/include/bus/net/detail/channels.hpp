@@ -118,9 +118,25 @@ struct BusAccess {
   static bus::detail::Inbox& inbox(ExternalInbox& x) { return *x.inbox_; }
   static void mark_bridge_thread(Bus& bus) {
     auto& p = bus.core_->producer();
-    p.bridge = true;
+    p.bridge_thread = true;
     p.routes = {};  // a bridge thread never takes the one-inbox route (see Producer::bridge)
   }
+  /// While it lives, the calling bridge thread hands on what came from another node: its
+  /// publishes, sends and requests stay local and skip the bridge's own inbox (see
+  /// Producer::bridge).
+  class ForOtherNodes {
+   public:
+    explicit ForOtherNodes(Bus& bus) : p_(bus.core_->producer()), was_(p_.bridge) {
+      p_.bridge = true;
+    }
+    ForOtherNodes(const ForOtherNodes&) = delete;
+    ForOtherNodes& operator=(const ForOtherNodes&) = delete;
+    ~ForOtherNodes() { p_.bridge = was_; }
+
+   private:
+    bus::detail::Producer& p_;
+    bool was_;
+  };
   /// A remote proxy for `ep` on the bridge's inbox, owned by the bus and routed to at once.
   /// It lives as long as the bus; the bridge takes it in and out of the routing with route().
   template <class Req, class Rep>
@@ -152,6 +168,7 @@ struct BusAccess {
     bus::detail::Inbox& home = *from.inbox_;
     auto deadline = Clock::now() + timeout;
     auto& st = bus.endpoint_state(ep);
+    ForOtherNodes for_others(bus);
     bus::detail::EndpointTarget<Req, Rep>* t = nullptr;
     if (c.enter(p)) {
       t = bus::detail::pick(p, st.targets.load(), st.channel, st.key, static_cast<const Req&>(req));
@@ -159,7 +176,13 @@ struct BusAccess {
     }
     if (t != nullptr && t->inbox == &home && t->fn) {  // fn: read on its owner thread, this one
       p.counters.add(ep.id(), bus::detail::kPublished);
-      callback(t->answer(home, std::move(req), deadline));
+      absl::StatusOr<Rep> rep;
+      {
+        p.bridge = false;  // the handler's own requests and publishes go anywhere
+        rep = t->answer(home, std::move(req), deadline);
+        p.bridge = true;
+      }
+      callback(std::move(rep));
       return;
     }
     bus.request_from(p, home, ep, std::move(req), deadline, std::forward<F>(callback), t);
@@ -319,6 +342,7 @@ class ImportTopic final : public Bridged {
     absl::StatusOr<T> m = decode<T>(payload, link.limits());
     if (!m.ok()) return m.status();
     for (const auto& h : handlers_) BusAccess::run_subscriber(link.inbox(), topic_, *h, *m);
+    BusAccess::ForOtherNodes for_others(link.bus());
     (void)link.bus().publish(topic_, std::move(*m));  // local refusals are in the bus's stats
     return absl::OkStatus();
   }
@@ -344,6 +368,7 @@ class ExportQueue final : public Bridged {
   absl::Status deliver(Link& link, kj::ArrayPtr<const capnp::word> payload) override {
     absl::StatusOr<T> m = decode<T>(payload, link.limits());
     if (!m.ok()) return m.status();
+    BusAccess::ForOtherNodes for_others(link.bus());
     (void)link.bus().send(queue_, std::move(*m));
     return absl::OkStatus();
   }
