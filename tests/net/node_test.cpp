@@ -451,6 +451,9 @@ TEST(Node, HandlersOnTheBridgeThreadPublishAndCallAcrossNodes) {
   p.a.serve(stats_ep, [&](StatsRequest&& req) {
     uint64_t n = std::stoull(req->getSensor().cStr());
     EXPECT_TRUE(p.bus_a.publish(readings, reading(n, 1.0)).ok());
+    // Blocking the bridge thread is refused: a reply from another node could never be read.
+    EXPECT_EQ(p.bus_a.call(failing_ep, ask(), 10s).status().code(),
+              absl::StatusCode::kFailedPrecondition);
     return bus::build<demo::StatsReply>([&](demo::StatsReply::Builder r) { r.setReadings(n); });
   });
   p.b.import_endpoint(stats_ep);

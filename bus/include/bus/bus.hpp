@@ -185,7 +185,8 @@ class Bus {
     return list == nullptr ? 0 : list->targets.size();
   }
 
-  /// Blocks the calling plain thread until the reply or the deadline. Refused on an executor.
+  /// Blocks the calling plain thread until the reply or the deadline. Refused (FailedPrecondition)
+  /// on an executor and on a node's bridge thread.
   template <class Req, class Rep, MessageOf<Req> R>
   absl::StatusOr<Rep> call(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout);
 
@@ -847,9 +848,11 @@ absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req,
                               Clock::duration timeout) {
   detail::Core& c = *core_;
   detail::Producer& p = c.producer();
-  if (p.executor) {
+  if (p.executor || p.bridge_thread) [[unlikely]] {
     return absl::FailedPreconditionError(
-        "bus: call() would block an executor; use request() with a callback");
+        p.executor ? "bus: call() would block an executor; use request() with a callback"
+                   : "bus: call() would block a node's bridge thread (a Node::subscribe or "
+                     "Node::serve handler); use request() with a callback");
   }
   auto deadline = Clock::now() + timeout;
   auto waiter = std::make_shared<detail::Waiter<Rep>>();

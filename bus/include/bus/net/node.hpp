@@ -101,7 +101,8 @@ class Node {
   /// the bridge reads it, and the reply leaves in the same pass: no thread hop on this side,
   /// where a server on an executor costs two. In-process requests reach it too, through the
   /// bridge's inbox, and it takes turns with the endpoint's other local servers. For short
-  /// handlers that never block (not Bus::call()): while one runs, the node moves no traffic.
+  /// handlers that never block (Bus::call() is refused there): while one runs, the node moves no
+  /// traffic.
   /// It stops serving when the node stops.
   template <class Req, class Rep, class F>
   requires std::invocable<F&, Req&&> Node& serve(const Endpoint<Req, Rep>& endpoint, F&& handler) {
