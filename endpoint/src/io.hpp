@@ -152,7 +152,7 @@ struct Server::Impl {
   std::size_t unmatched = 0;               // label index of requests no route took
   std::vector<std::unique_ptr<detail::IoThread>> threads;
   std::atomic<uint64_t> open{0};  // connections, every thread (max_connections)
-  uint16_t port = 0;
+  std::atomic<uint16_t> port{0};  // 0 until start() has bound; read from any thread
   bool started = false;
   std::atomic<bool> stopping{false};
 

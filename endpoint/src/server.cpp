@@ -2,10 +2,13 @@
 #include <absl/strings/str_cat.h>
 #include <bus/schemas/http.capnp.h>
 #include <capnp/message.h>
+#include <pthread.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <csignal>
+#include <optional>
 
 #include "bus/net/node.hpp"
 #include "io.hpp"
@@ -138,20 +141,49 @@ void Server::wait() {
   for (Subscription& s : impl_->probe_servers) s.release();
 }
 
+namespace {
+
+/// Blocks SIGINT and SIGTERM on the calling thread for its scope, so that the threads it starts
+/// meanwhile never take them: the calling thread's own mask is back when the scope ends.
+class StopSignalsBlocked {
+ public:
+  StopSignalsBlocked() {
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    ::pthread_sigmask(SIG_BLOCK, &stop, &old_);
+  }
+  ~StopSignalsBlocked() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  StopSignalsBlocked(const StopSignalsBlocked&) = delete;
+  StopSignalsBlocked& operator=(const StopSignalsBlocked&) = delete;
+
+ private:
+  sigset_t old_;
+};
+
+}  // namespace
+
 void Server::run_until_signal() {
-  start();
   asio::io_context signals_ctx;
   asio::signal_set signals(signals_ctx, SIGINT, SIGTERM);
   signals.async_wait([&](beast::error_code ec, int) {
     if (!ec) shutdown();
   });
   // Returns on a signal, or when shutdown() came from elsewhere and the threads ended.
-  std::thread waiter([&] {
-    wait();
-    asio::post(signals_ctx, [&] { signals.cancel(); });
-  });
+  std::optional<std::thread> waiter;
+  {
+    // The signal goes to this thread, the one running the loop that completes the wait, never to
+    // an I/O thread or the waiter (nor to one of them while it is still starting).
+    StopSignalsBlocked here_only;
+    start();
+    waiter.emplace([&] {
+      wait();
+      asio::post(signals_ctx, [&] { signals.cancel(); });
+    });
+  }
   signals_ctx.run();
-  waiter.join();
+  waiter->join();
 }
 
 WebSocketBridge& Server::websocket(WebSocketOptions options) {

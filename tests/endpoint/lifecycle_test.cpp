@@ -166,6 +166,43 @@ TEST(Shutdown, WaitReturnsWhileAHandlerIsStillStuckPastTheGrace) {
       << "wait() blocked until the stuck handler was released";
 }
 
+/// Whether SIGTERM is blocked on the calling thread.
+bool sigterm_blocked_here() {
+  sigset_t mask;
+  ::pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+  return sigismember(&mask, SIGTERM) == 1;
+}
+
+TEST(Shutdown, RunUntilSignalTakesSigtermOnItsOwnThreadNotOnTheThreadsItStarts) {
+  ASSERT_FALSE(sigterm_handled()) << "SIGTERM already has a handler in this process";
+  SigtermOnlyFor runner_only;
+  bus::Bus bus;
+  Server http(bus);
+  std::atomic<int> io_thread{0};  // 1: SIGTERM blocked on the I/O thread that answered, 2: not
+  http.handle(Method::kGet, "/mask", [&](const Request&) {
+    io_thread.store(sigterm_blocked_here() ? 1 : 2);
+    return Reply::text("ok");
+  });
+  std::atomic<int> caller{0};  // the same, on run_until_signal()'s thread once it returned
+  std::thread runner([&] {
+    SigtermOnlyFor::take_it_here();
+    http.run_until_signal();  // starts the server: its I/O threads are started on this thread
+    caller.store(sigterm_blocked_here() ? 1 : 2);
+  });
+  ASSERT_TRUE(bus_test::eventually(sigterm_handled)) << "run_until_signal() handles no SIGTERM";
+  ASSERT_TRUE(bus_test::eventually([&] { return http.port() != 0; }));
+  Connection c(http.port());
+  EXPECT_EQ(c.request("GET", "/mask").status, 200u);
+  EXPECT_EQ(io_thread.load(), 1) << "an I/O thread can take SIGTERM";
+
+  ASSERT_EQ(::kill(::getpid(), SIGTERM), 0);
+  EXPECT_TRUE(bus_test::eventually([&] { return caller.load() != 0; }))
+      << "run_until_signal() did not return";
+  if (caller.load() == 0) http.shutdown();
+  runner.join();
+  EXPECT_EQ(caller.load(), 2) << "run_until_signal() left SIGTERM blocked on its caller";
+}
+
 TEST(Shutdown, SigtermStopsRunUntilSignalAfterAnsweringRequestsInFlight) {
   ASSERT_FALSE(sigterm_handled()) << "SIGTERM already has a handler in this process";
   SigtermOnlyFor runner_only;  // first: the bus's and the server's threads inherit the mask

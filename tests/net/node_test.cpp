@@ -318,7 +318,8 @@ TEST(Node, AnEndpointServedOnTheBridgeThreadAnswersEveryCallerInline) {
     std::lock_guard lock(ids_mu);
     EXPECT_EQ(threads.size(), 1u);  // the bridge thread, for every caller
   }
-  const bus::ChannelStats* st = p.bus_a.stats().channel(stats_ep.name());
+  const bus::Stats bus_stats = p.bus_a.stats();  // channel() points into it
+  const bus::ChannelStats* st = bus_stats.channel(stats_ep.name());
   ASSERT_NE(st, nullptr);
   EXPECT_EQ(st->published, kCalls);
   EXPECT_EQ(st->delivered, kCalls - 1);
@@ -404,7 +405,8 @@ TEST(Node, ATopicSubscribedOnTheBridgeThreadTakesRemoteAndLocalMessagesInline) {
     EXPECT_EQ(threads.size(), 1u);  // the bridge thread, for remote and local messages alike
   }
   EXPECT_EQ(on_executor.load(), 0u);
-  const bus::ChannelStats* st = p.bus_b.stats().channel(readings.name());
+  const bus::Stats bus_stats = p.bus_b.stats();  // channel() points into it
+  const bus::ChannelStats* st = bus_stats.channel(readings.name());
   ASSERT_NE(st, nullptr);
   EXPECT_EQ(st->delivered, kN + kLocal - 1);
   EXPECT_EQ(st->handler_failed, 1u);

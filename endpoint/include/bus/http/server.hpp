@@ -164,7 +164,7 @@ class Server {
   /// bound, std::invalid_argument for a route that cannot work (a path parameter that names no
   /// field, a type with no mapping, two routes for one method and path).
   void start();
-  /// The bound port (after start()).
+  /// The bound port once start() has bound it, 0 before; safe from any thread.
   uint16_t port() const;
   /// Stops accepting, answers what is in flight within the grace period (with
   /// "Connection: close"), then closes every connection and stops the I/O threads. Idempotent,
@@ -173,7 +173,8 @@ class Server {
   /// Blocks until the server has stopped.
   void wait();
   /// start() if needed, then blocks until SIGINT or SIGTERM (or shutdown()), then shuts down
-  /// gracefully and returns.
+  /// gracefully and returns. The signals are taken on the calling thread: the threads it starts
+  /// block them, and the caller's own signal mask is left as it was.
   void run_until_signal();
 
   /// The WebSocket bridge, created on first use with `options` (later calls return it and
