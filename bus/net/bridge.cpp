@@ -2,12 +2,16 @@
 
 #include <absl/strings/str_cat.h>
 #include <capnp/serialize.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <random>
 #include <stdexcept>
+#include <system_error>
 
 namespace bus::net::detail {
 
@@ -190,6 +194,7 @@ void Bridge::connect(const Peer& p) {
     }
     sub_->set(zmq::sockopt::curve_serverkey, p.public_key);
   }
+  touched(sub_->handle());
   try {
     sub_->connect(p.endpoint);
   } catch (const zmq::error_t& e) {
@@ -199,35 +204,70 @@ void Bridge::connect(const Peer& p) {
 }
 
 void Bridge::loop() {
-  std::vector<zmq::pollitem_t> items;
-  std::vector<uint64_t> dealers;
+  // Polled on their ZMQ_FD with poll(2), not zmq_poll(): zmq_poll asks every ZeroMQ socket for
+  // its events (a poll() and a getpid() each, twice when it waits) on every pass. A ZMQ_FD says
+  // only that the socket has commands to process, which a send, a connect or asking for its
+  // events also does: so a socket is read when its fd says so until a read finds it empty, and
+  // one touched since (touched_) is asked for its events before the loop waits.
+  std::vector<pollfd> fds;
+  std::vector<zmq::socket_t*> sockets;  // by fds index; null for the eventfds
+  std::vector<bool> ready;              // by fds index: has input to read this pass
+  std::vector<bool> wants_room;         // by fds index: a dealer holding a backlog
+  std::vector<uint64_t> dealers;        // by fds index - first_dealer
   Parts parts;
   bool awake = false;
   Clock::time_point last_work{};
+  auto watch = [&](int fd, zmq::socket_t* s, short events, bool room = false) {
+    fds.push_back({fd, events, 0});
+    sockets.push_back(s);
+    wants_room.push_back(room);
+  };
   while (!stopping_.load(std::memory_order_relaxed)) {
     run_commands();
-    items.clear();
+    fds.clear();
+    sockets.clear();
+    wants_room.clear();
     dealers.clear();
-    items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+    watch(wake_fd_, nullptr, POLLIN);
     // While a subscriber or a peer holds local input back, the inbox is not drained: its eventfd
     // would stay readable and make every poll return at once, a busy loop that takes the CPU
     // from ZeroMQ's I/O thread, the one that makes room. Wait for room (or the 1 ms retry).
     const bool holding = stall_.has_value() || backlogged_ >= kPauseBacklog;
-    items.push_back({nullptr, inbox_->fd(), static_cast<short>(holding ? 0 : ZMQ_POLLIN), 0});
-    // Only subscriptions: an XPUB says POLLOUT even while a NODROP pipe is full (its distributor
-    // always "has out"), so waiting for it made a stalled publisher spin. A stall is retried on
-    // the poll timeout instead (1 ms, below).
-    items.push_back({xpub_->handle(), 0, ZMQ_POLLIN, 0});
-    items.push_back({sub_->handle(), 0, ZMQ_POLLIN, 0});
-    items.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
-    if (zap_) items.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
-    const std::size_t first_dealer = items.size();
+    watch(inbox_->fd(), nullptr, holding ? 0 : POLLIN);
+    // XPUB: only subscriptions. It says POLLOUT even while a NODROP pipe is full (its
+    // distributor always "has out"), so a stall is retried on the poll timeout (1 ms, below).
+    for (zmq::socket_t* s : {&*xpub_, &*sub_, &*router_}) {
+      watch(s->get(zmq::sockopt::fd), s, POLLIN);
+    }
+    if (zap_) watch(zap_->get(zmq::sockopt::fd), &*zap_, POLLIN);
+    const std::size_t first_dealer = fds.size();
     for (auto& [id, peer] : peers_) {
       if (!peer.dealer) continue;
       dealers.push_back(id);
-      short events = ZMQ_POLLIN | (peer.backlog.empty() ? 0 : ZMQ_POLLOUT);
-      items.push_back({peer.dealer->handle(), 0, events, 0});
+      // A dealer holding a backlog is asked for room on every pass.
+      const bool room = !peer.backlog.empty();
+      watch(peer.dealer->get(zmq::sockopt::fd), peer.dealer.get(), POLLIN, room);
+      if (room) touched(peer.dealer->handle());
     }
+    // Requests wait in the ROUTER while replies wait for room (back-pressure on requesters):
+    // it is asked on every pass, but what it holds does not keep the loop from waiting.
+    const bool router_held = reply_backlog_.size() >= kPauseBacklog;
+    if (router_held) touched(router_->handle());
+
+    ready.assign(fds.size(), false);
+    bool has_input = false;
+    for (std::size_t i = 2; i < fds.size() && !touched_.empty(); ++i) {
+      zmq::socket_t& s = *sockets[i];
+      if (std::find(touched_.begin(), touched_.end(), s.handle()) == touched_.end()) continue;
+      const int events = s.get(zmq::sockopt::events);
+      const bool in = (events & ZMQ_POLLIN) != 0;
+      ready[i] = in;
+      if ((in && !(&s == &*router_ && router_held)) ||
+          (wants_room[i] && (events & ZMQ_POLLOUT) != 0)) {
+        has_input = true;
+      }
+    }
+    touched_.clear();
 
     auto now = Clock::now();
     Clock::time_point until = std::min(next_heartbeat_, next_check_);
@@ -238,45 +278,68 @@ void Bridge::loop() {
     // A stall just begun is retried at once (yielding to ZeroMQ's I/O thread between tries): the
     // pipe usually has room again within microseconds. Past kSpin, once per poll timeout.
     const bool fresh_stall = stall_ && now - stall_->since < kSpin;
-    long timeout = awake || fresh_stall || until <= now
-                       ? 0
-                       : std::max<long>(1, duration_cast<milliseconds>(until - now).count());
-    zmq::poll(items, std::chrono::milliseconds(timeout));
+    int timeout = awake || fresh_stall || has_input || until <= now
+                      ? 0
+                      : static_cast<int>(std::clamp<long>(
+                            duration_cast<milliseconds>(until - now).count(), 1, 60'000));
+    if (::poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) {
+      throw std::system_error(errno, std::generic_category(), "bus.net: poll");
+    }
+    for (std::size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) ready[i] = true;
+    }
     std::size_t work = 0;
     bool handed_over = false;
 
-    if (items[0].revents & ZMQ_POLLIN) {
+    if (fds[0].revents & POLLIN) {
       uint64_t v;
       (void)!::read(wake_fd_, &v, sizeof v);
     }
     {
       // Everything arriving in one pass is published to local subscribers at once.
       Batch batch(bus_);
-      // Only sockets poll reported readable (a recv() that finds nothing still costs libzmq a
-      // poll() and a getpid()), and at most kReadBudget messages and frames from each.
-      auto read = [&](auto&& next, auto&& on) {
+      // Only sockets with input, and at most kReadBudget messages and frames from each: one
+      // left before it was empty is asked again before the next poll.
+      auto read = [&](zmq::socket_t& s, auto&& next, auto&& on) {
+        void* handle = s.handle();  // reading may forget a peer and close its dealer
         std::size_t start = messages_read_;
-        for (std::size_t frames = 0;
-             frames < kReadBudget && messages_read_ - start < kReadBudget && next(); ++frames) {
+        for (std::size_t frames = 0;; ++frames) {
+          if (frames == kReadBudget || messages_read_ - start >= kReadBudget) {
+            touched(handle);  // not read to the end: asked again before the next poll
+            return;
+          }
+          if (!next()) return;
           on();
         }
       };
       std::size_t read_before = messages_read_;
-      if (items[3].revents & ZMQ_POLLIN) {
-        read([&] { return recv(*sub_, parts); }, [&] { on_sub(parts); });
+      if (ready[3]) {
+        read(
+            *sub_, [&] { return recv(*sub_, parts); }, [&] { on_sub(parts); });
       }
-      // Requests wait in the ROUTER while replies wait for room (back-pressure on requesters).
-      if (items[4].revents & ZMQ_POLLIN) {
-        read([&] { return reply_backlog_.size() < kPauseBacklog && recv(*router_, parts, 5); },
-             [&] { on_router(parts); });
+      if (ready[4]) {
+        read(
+            *router_,
+            [&] {
+              if (reply_backlog_.size() < kPauseBacklog) return recv(*router_, parts, 5);
+              touched(router_->handle());
+              return false;
+            },
+            [&] { on_router(parts); });
       }
       for (std::size_t d = 0; d < dealers.size(); ++d) {
-        if (!(items[first_dealer + d].revents & ZMQ_POLLIN)) continue;
-        // Reading may add or forget peers: look the peer up again each time.
+        if (!ready[first_dealer + d]) continue;
+        // Reading may add or forget peers (and close their dealers): look the peer up again
+        // before each read.
+        auto peer = peers_.find(dealers[d]);
+        if (peer == peers_.end() || !peer->second.dealer) continue;
+        zmq::socket_t& dealer = *peer->second.dealer;
         read(
+            dealer,
             [&] {
               auto it = peers_.find(dealers[d]);
-              return it != peers_.end() && it->second.dealer && recv(*it->second.dealer, parts);
+              return it != peers_.end() && it->second.dealer.get() == &dealer &&
+                     recv(dealer, parts);
             },
             [&] { on_dealer(parts); });
       }
@@ -286,14 +349,14 @@ void Bridge::loop() {
     // What this pass read is now in local executors' rings: on a shared CPU, let them run it
     // now, so their answers leave with this pass rather than after everything waiting was read.
     if (handed_over) std::this_thread::yield();
-    if (items[2].revents & ZMQ_POLLIN) {
-      for (std::size_t i = 0; i < kReadBudget; ++i) {
-        zmq::message_t m;
-        if (!xpub_->recv(m, zmq::recv_flags::dontwait)) break;
+    if (ready[2]) {
+      std::size_t i = 0;
+      for (zmq::message_t m; i < kReadBudget && xpub_->recv(m, zmq::recv_flags::dontwait); ++i) {
         on_xpub(m);
       }
+      if (i == kReadBudget) touched(xpub_->handle());
     }
-    if (zap_ && (items[5].revents & ZMQ_POLLIN)) on_zap();
+    if (zap_ && ready[5]) on_zap();  // reads until ZAP's socket is empty
     if (backlogged_ > 0) flush_peer_backlogs();
     if (!reply_backlog_.empty()) flush_reply_backlog();
     bool paused = (stall_ && !retry_stall()) || backlogged_ >= kPauseBacklog;
@@ -332,6 +395,14 @@ void Bridge::loop() {
       check_peers();
       sweep_pending();
       next_check_ = now + opt_.heartbeat() / 2;
+      // Every socket is asked for its events now and then, whatever touched_ says: should
+      // ZeroMQ ever take a socket's signal where the loop does not expect it, its input still
+      // waits no longer than this.
+      for (zmq::socket_t* s : {&*xpub_, &*sub_, &*router_}) touched(s->handle());
+      if (zap_) touched(zap_->handle());
+      for (auto& [id, peer] : peers_) {
+        if (peer.dealer) touched(peer.dealer->handle());
+      }
     }
   }
 }

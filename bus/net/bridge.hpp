@@ -235,7 +235,15 @@ class Bridge final : public Link {
   /// Delivers payloads of a publish or send, counting sequence gaps per (sender, channel).
   void deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads);
 
+  /// A send, a connect or a read that stopped before the socket was empty may leave it holding
+  /// input that its ZMQ_FD no longer signals: loop() asks it for its events before it polls.
+  void touched(void* socket_handle) {
+    if (touched_.empty() || touched_.back() != socket_handle) touched_.push_back(socket_handle);
+  }
+
   // outgoing
+  /// Sends a multipart message; false if the first part was refused (the pipe is full).
+  bool send_all(zmq::socket_t& s, std::vector<zmq::message_t>& parts);
   bool send_parts(zmq::socket_t& s, std::string_view channel, const EnvelopeFields& env,
                   std::string_view payload);
   /// Sends what the pass batched: requests, replies and topic messages.
@@ -314,6 +322,7 @@ class Bridge final : public Link {
   std::deque<std::pair<std::vector<zmq::message_t>, std::size_t>> reply_backlog_;
   std::vector<ReplyBatch> reply_batches_;  // replies of this pass, per requester and endpoint
   absl::flat_hash_map<std::pair<std::string, const Bridged*>, std::size_t> reply_batch_at_;
+  std::vector<void*> touched_;     // sockets to ask for their events before the next poll
   bool calls_queued_ = false;      // some peer's `calls` holds requests
   std::size_t messages_read_ = 0;  // by on_sub, on_router and on_dealer, for the read budget
   absl::flat_hash_map<std::string, uint32_t> round_robin_;

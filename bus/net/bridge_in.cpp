@@ -390,6 +390,7 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
           p.dealer->set(zmq::sockopt::curve_secretkey, opt_.curve_keys().secret_key);
           p.dealer->set(zmq::sockopt::curve_serverkey, p.public_key);
         }
+        touched(p.dealer->handle());
         try {
           p.dealer->connect(p.request_endpoint);
         } catch (const zmq::error_t& e) {

@@ -18,16 +18,6 @@ namespace bus::net::detail {
 // ---- outgoing ------------------------------------------------------------------------------
 
 namespace {
-// ZeroMQ queues a multipart message atomically: once the first part is accepted, the others are
-// too (they go to the same pipe), so only the first send can say EAGAIN (false here). A ROUTER
-// with MANDATORY throws EHOSTUNREACH on the first part for a requester that is gone.
-bool send_all(zmq::socket_t& s, std::vector<zmq::message_t>& parts) {
-  if (!s.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
-  for (std::size_t i = 1; i < parts.size(); ++i) {
-    s.send(parts[i], i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-  }
-  return true;
-}
 #if defined(__SANITIZE_THREAD__)
 #define BUS_TSAN 1
 #elif defined(__has_feature)
@@ -60,8 +50,21 @@ zmq::message_t frame(std::string_view bytes) {
 }
 }  // namespace
 
+// ZeroMQ queues a multipart message atomically: once the first part is accepted, the others are
+// too (they go to the same pipe), so only the first send can say EAGAIN (false here). A ROUTER
+// with MANDATORY throws EHOSTUNREACH on the first part for a requester that is gone.
+bool Bridge::send_all(zmq::socket_t& s, std::vector<zmq::message_t>& parts) {
+  touched(s.handle());
+  if (!s.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    s.send(parts[i], i + 1 < parts.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  }
+  return true;
+}
+
 bool Bridge::send_parts(zmq::socket_t& s, std::string_view channel, const EnvelopeFields& env,
                         std::string_view payload) {
+  touched(s.handle());
   std::string e = encode_envelope(env);
   // As send_all(): only the first part can be refused.
   if (!s.send(zmq::buffer(channel), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
@@ -494,6 +497,7 @@ void Bridge::flush_reply_backlog() {
 void Bridge::update_subscriptions() {
   // Only topics with local subscribers are subscribed to, so other nodes' publishers (and
   // ZeroMQ's filtering) do not send us what nobody here reads.
+  touched(sub_->handle());
   for (auto& [name, ch] : import_topics_) {
     bool want = ch->wanted(*this);
     if (want == subscribed_.contains(name)) continue;
