@@ -216,6 +216,7 @@ void Bridge::loop() {
   std::vector<uint64_t> dealers;        // by fds index - first_dealer
   Parts parts;
   bool awake = false;
+  bool ask_all = false;  // every socket is asked this pass, whatever touched_ says
   Clock::time_point last_work{};
   auto watch = [&](int fd, zmq::socket_t* s, short events, bool room = false) {
     fds.push_back({fd, events, 0});
@@ -256,9 +257,11 @@ void Bridge::loop() {
 
     ready.assign(fds.size(), false);
     bool has_input = false;
-    for (std::size_t i = 2; i < fds.size() && !touched_.empty(); ++i) {
+    for (std::size_t i = 2; i < fds.size() && (ask_all || !touched_.empty()); ++i) {
       zmq::socket_t& s = *sockets[i];
-      if (std::find(touched_.begin(), touched_.end(), s.handle()) == touched_.end()) continue;
+      if (!ask_all && std::find(touched_.begin(), touched_.end(), s.handle()) == touched_.end()) {
+        continue;
+      }
       const int events = s.get(zmq::sockopt::events);
       const bool in = (events & ZMQ_POLLIN) != 0;
       ready[i] = in;
@@ -268,6 +271,7 @@ void Bridge::loop() {
       }
     }
     touched_.clear();
+    ask_all = false;
 
     auto now = Clock::now();
     Clock::time_point until = std::min(next_heartbeat_, next_check_);
@@ -395,14 +399,9 @@ void Bridge::loop() {
       check_peers();
       sweep_pending();
       next_check_ = now + opt_.heartbeat() / 2;
-      // Every socket is asked for its events now and then, whatever touched_ says: should
-      // ZeroMQ ever take a socket's signal where the loop does not expect it, its input still
-      // waits no longer than this.
-      for (zmq::socket_t* s : {&*xpub_, &*sub_, &*router_}) touched(s->handle());
-      if (zap_) touched(zap_->handle());
-      for (auto& [id, peer] : peers_) {
-        if (peer.dealer) touched(peer.dealer->handle());
-      }
+      // Every socket is asked for its events now and then: should ZeroMQ ever take a socket's
+      // signal where the loop does not expect it, its input still waits no longer than this.
+      ask_all = true;
     }
   }
 }
