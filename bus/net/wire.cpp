@@ -4,6 +4,7 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 
@@ -30,6 +31,111 @@ void append_message(capnp::MessageBuilder& builder, std::string& out) {
     std::memcpy(p, s.begin(), s.size() * sizeof(capnp::word));
     p += s.size() * sizeof(capnp::word);
   }
+}
+
+namespace {
+
+/// Walks a one-segment message's pointers (encoding: capnproto.org/encoding.html) for
+/// readable_unchecked(). Any doubt is a "no": the checked copy decides then.
+class UncheckedWalk {
+ public:
+  UncheckedWalk(const capnp::word* segment, uint64_t words, uint64_t budget)
+      : segment_(segment), words_(words), left_(budget) {}
+
+  /// The pointer in word `at` of the segment, and everything it reaches.
+  bool pointer(uint64_t at, int nesting) {
+    uint64_t w = load(at);
+    if (w == 0) return true;  // null
+    if (nesting <= 0) return false;
+    // The offset is signed, in words, from the end of the pointer.
+    int64_t target = static_cast<int64_t>(at) + 1 + (static_cast<int32_t>(w & 0xffffffffu) >> 2);
+    auto upper = static_cast<uint32_t>(w >> 32);
+    switch (w & 3) {
+      case 0: {  // struct: data words, then pointers
+        uint64_t data = upper & 0xffffu, pointers = upper >> 16;
+        return take(target, data + pointers) && each(target + data, pointers, nesting - 1);
+      }
+      case 1: {  // list: element size, then element count (words, for inline composite)
+        uint32_t size = upper & 7u;
+        uint64_t count = upper >> 3;
+        if (size == 7) return composite(target, count, nesting - 1);
+        if (size == 6) return take(target, count) && each(target, count, nesting - 1);
+        static constexpr uint64_t kBits[] = {0, 1, 8, 16, 32, 64};
+        uint64_t words = (count * kBits[size] + 63) / 64;
+        // A void list costs nothing on the wire but a loop per element in the reader.
+        return take(target, words) && charge(size == 0 ? count : 0);
+      }
+      default:  // far pointer (the unchecked layout has none) or capability
+        return false;
+    }
+  }
+
+ private:
+  uint64_t load(uint64_t at) const {
+    uint64_t w;
+    std::memcpy(&w, segment_ + at, sizeof w);
+    return w;
+  }
+  bool charge(uint64_t words) {
+    if (words > left_) return false;
+    left_ -= words;
+    return true;
+  }
+  /// `words` words from `target` are inside the segment, and paid for.
+  bool take(int64_t target, uint64_t words) {
+    if (target < 0 || static_cast<uint64_t>(target) > words_) return false;
+    if (words > words_ - static_cast<uint64_t>(target)) return false;
+    return charge(words);
+  }
+  /// The `count` pointers from word `first` on.
+  bool each(int64_t first, uint64_t count, int nesting) {
+    for (uint64_t i = 0; i < count; ++i) {
+      if (!pointer(static_cast<uint64_t>(first) + i, nesting)) return false;
+    }
+    return true;
+  }
+  /// An inline-composite list: a tag word (a struct pointer whose offset is the element count),
+  /// then the elements, `words` words in all.
+  bool composite(int64_t tag, uint64_t words, int nesting) {
+    if (!take(tag, words + 1)) return false;
+    uint64_t t = load(static_cast<uint64_t>(tag));
+    if ((t & 3) != 0) return false;
+    uint64_t count = (t & 0xffffffffu) >> 2;
+    auto upper = static_cast<uint32_t>(t >> 32);
+    uint64_t data = upper & 0xffffu, pointers = upper >> 16, step = data + pointers;
+    if (count * step > words) return false;
+    if (step == 0 && !charge(count)) return false;  // zero-sized elements, like a void list
+    if (pointers == 0) return true;
+    for (uint64_t i = 0; i < count; ++i) {
+      if (!each(tag + 1 + static_cast<int64_t>(i * step + data), pointers, nesting)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  const capnp::word* segment_;
+  uint64_t words_;
+  uint64_t left_;
+};
+
+}  // namespace
+
+kj::ArrayPtr<const capnp::word> readable_unchecked(kj::ArrayPtr<const capnp::word> payload,
+                                                   const Limits& limits) {
+  if (payload.size() < 2) return nullptr;
+  uint32_t table[2];
+  std::memcpy(table, payload.begin(), sizeof table);
+  // One segment (count - 1 = 0) that fills the rest of the payload and holds at least the root.
+  if (table[0] != 0 || table[1] == 0 || table[1] != payload.size() - 1) return nullptr;
+  const capnp::word* segment = payload.begin() + 1;
+  uint64_t words = table[1];
+  uint64_t root;
+  std::memcpy(&root, segment, sizeof root);
+  if ((root & 3) != 0) return nullptr;  // the root is a struct (or null)
+  UncheckedWalk walk(segment, words, std::min<uint64_t>(words, limits.traversal_limit_words));
+  if (!walk.pointer(0, limits.nesting_limit)) return nullptr;
+  return kj::arrayPtr(segment, words);
 }
 
 capnp::ReaderOptions reader_options(const Limits& limits) {
@@ -159,10 +265,16 @@ absl::Status Payloads::parse(const void* bytes, std::size_t size, uint32_t count
     return absl::InvalidArgumentError(
         absl::StrCat("payload count ", count, " does not fit a frame of ", size, " bytes"));
   }
-  // ZeroMQ hands out frames that are mostly not 8-byte aligned; Cap'n Proto needs alignment.
-  if (buf_.size() < words) buf_ = kj::heapArray<capnp::word>(words);
-  std::memcpy(buf_.begin(), bytes, size);
-  const capnp::word* at = buf_.begin();
+  // ZeroMQ hands out small frames mostly not 8-byte aligned (large ones have their own
+  // allocation); Cap'n Proto needs alignment.
+  const capnp::word* at;
+  if (reinterpret_cast<uintptr_t>(bytes) % alignof(capnp::word) == 0) {
+    at = static_cast<const capnp::word*>(bytes);
+  } else {
+    if (buf_.size() < words) buf_ = kj::heapArray<capnp::word>(words);
+    std::memcpy(buf_.begin(), bytes, size);
+    at = buf_.begin();
+  }
   const capnp::word* end = at + words;
   for (uint32_t i = 0; i < count; ++i) {
     if (end - at < 1) return absl::InvalidArgumentError("payload frame ends early");

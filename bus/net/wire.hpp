@@ -53,7 +53,8 @@ std::string encode_envelope(const EnvelopeFields& e);
 /// InvalidArgument when `bytes` is not an envelope.
 absl::StatusOr<EnvelopeFields> decode_envelope(const void* bytes, std::size_t size);
 
-/// Frame 3, read: an aligned copy of the frame and the `count` payloads it holds.
+/// Frame 3, read: the `count` payloads it holds, in the frame itself when it is 8-byte aligned,
+/// else in an aligned copy. They are valid until the next parse() and while the frame lives.
 class Payloads {
  public:
   /// InvalidArgument when the framing is broken or the count is wrong; ResourceExhausted when a

@@ -6,6 +6,7 @@
 // `capnp encode` writes them (see make_corpus.sh). The payload count is the envelope's.
 #include <bus/schemas/demo.capnp.h>
 #include <bus/schemas/envelope.capnp.h>
+#include <capnp/serialize.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +44,21 @@ void decode_as(kj::ArrayPtr<const capnp::word> payload) {
   if (m.ok()) (void)m->reader().totalSize();  // read the copy through the unchecked layout too
 }
 
+/// A payload the pointer walk lets through uncopied must be one Cap'n Proto's checked reader
+/// takes whole, and read unchecked it must be the same size.
+void check_walk(kj::ArrayPtr<const capnp::word> payload) {
+  if (bus::net::detail::readable_unchecked(payload, kLimits).size() == 0) return;
+  uint64_t checked;
+  try {
+    capnp::FlatArrayMessageReader reader(payload, bus::net::detail::reader_options(kLimits));
+    checked = reader.getRoot<demo::StatsReply>().totalSize().wordCount;
+  } catch (const kj::Exception&) {
+    __builtin_trap();  // the walk took what the checked reader refuses
+  }
+  auto m = bus::net::detail::decode<bus::Message<demo::StatsReply>>(payload, kLimits);
+  if (!m.ok() || m->reader().totalSize().wordCount != checked) __builtin_trap();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
@@ -52,6 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   bus::net::detail::Payloads payloads;
   if (payloads.parse(data + envelope_size, size - envelope_size, count, kLimits).ok()) {
     for (auto payload : payloads.items()) {
+      check_walk(payload);
       decode_as<demo::Reading>(payload);
       decode_as<demo::StatsReply>(payload);
       decode_as<bus::wire::Heartbeat>(payload);

@@ -41,12 +41,30 @@ void encode(const T& v, std::string& out) {
   }
 }
 
+/// The segment of `payload` (one message in stream framing, aligned) when Cap'n Proto may read it
+/// as it is without bounds checks, the way a Message keeps its words: one segment, the root a
+/// struct; every struct and list inside the segment; no far or capability pointers; no deeper
+/// than the nesting limit; and no more words reached, counting each time a pointer reaches them,
+/// than the segment holds (nor the traversal limit), so shared targets cannot amplify and cycles
+/// end. Otherwise an empty array: decode() then copies the payload through Cap'n Proto's checked
+/// reader, which takes the rest of what is legal and says what is wrong with what is not.
+/// Cap'n Proto has no such check short of isCanonical(), which builders' own output fails.
+kj::ArrayPtr<const capnp::word> readable_unchecked(kj::ArrayPtr<const capnp::word> payload,
+                                                   const Limits& limits);
+
 /// Reads one payload (aligned words in stream framing, already bounds-checked) as a `T`.
 /// Malformed input is an InvalidArgument status, never an exception.
 template <Bridgeable T>
 absl::StatusOr<T> decode(kj::ArrayPtr<const capnp::word> words, const Limits& limits) {
   using S = typename Codec<T>::Schema;
   try {
+    if constexpr (bus::detail::IsMessage<T>::value) {
+      // What an honest sender writes: its words become the message's with one copy and a walk
+      // of its pointers, no reader or builder.
+      if (auto segment = readable_unchecked(words, limits); segment.size() != 0) {
+        return bus::detail::MessageAccess::from_segment<S>(segment);
+      }
+    }
     capnp::FlatArrayMessageReader reader(words, reader_options(limits));
     auto root = reader.getRoot<S>();
     if constexpr (bus::detail::IsMessage<T>::value) {
