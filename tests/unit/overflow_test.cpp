@@ -1,5 +1,7 @@
 // Every ring is bounded; a full one applies the channel's policy and never loses silently.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
 #include <bus/bus.hpp>
@@ -46,6 +48,41 @@ TEST(Overflow, BlockPolicyMakesTheProducerWaitAndLosesNothing) {
   producer.join();
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_EQ(got.load(), 1000L * 1001 / 2);
+}
+
+// A process confined to one CPU (taskset): a plain thread waiting for room yields that CPU to
+// the consumer instead of pausing on it. Nothing is lost or reordered on the way.
+TEST(Overflow, OnOneCpuABlockedPlainPublisherYieldsToTheConsumerAndLosesNothing) {
+  cpu_set_t was;
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof was, &was), 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &was)) ++cpu;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+  {
+    bus::Bus bus(small());  // its executors inherit the one CPU, as the producer below does
+    constexpr long kCount = 20000;
+    std::atomic<long> got{0}, sum{0}, out_of_order{0};  // read here once the bus has stopped
+    auto sub = bus.subscribe(
+        blocking,
+        [&](const long& v) {
+          if (v != got.load() + 1) ++out_of_order;
+          ++got;
+          sum += v;
+        },
+        bus::on_executor(0));
+    std::thread producer([&] {
+      for (long i = 1; i <= kCount; ++i) ASSERT_TRUE(bus.publish(blocking, i).ok());
+    });
+    producer.join();
+    ASSERT_TRUE(bus.stop().ok());
+    EXPECT_EQ(got.load(), kCount);
+    EXPECT_EQ(sum.load(), kCount * (kCount + 1) / 2);
+    EXPECT_EQ(out_of_order.load(), 0);
+  }
+  ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof was, &was), 0);
 }
 
 TEST(Overflow, FailPolicyReturnsResourceExhaustedAndCounts) {

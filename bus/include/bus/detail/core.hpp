@@ -38,7 +38,12 @@ struct Producer {
   enum Gate : uint8_t { kBatchGate, kExecutorGate, kPlainGate };
 
   Producer(Core& c, std::weak_ptr<Core> w, Inbox* own, bool is_executor)
-      : core(c), weak(std::move(w)), own_inbox(own), executor(is_executor), gate(ungated()) {}
+      : core(c),
+        weak(std::move(w)),
+        own_inbox(own),
+        executor(is_executor),
+        one_cpu(!is_executor && on_one_cpu()),
+        gate(ungated()) {}
   Gate ungated() const { return executor ? kExecutorGate : kPlainGate; }
 
   Core& core;
@@ -46,6 +51,9 @@ struct Producer {
   uint64_t uid = 0;
   Inbox* own_inbox;  // the inbox this thread drains, if any
   const bool executor;
+  // A plain thread whose process may run on one CPU only (on_one_cpu(), looked at once): waiting
+  // for room, it yields the CPU to the consumer instead of pausing.
+  const bool one_cpu;
   // A bridge thread (bus::net) never takes the one-inbox route (publish_to_list() instead, which
   // looks at `bridge`).
   bool bridge_thread = false;
@@ -379,8 +387,13 @@ template <class P, class... A>
       p.backlog_size.store(p.backlog.size(), std::memory_order_relaxed);
       return absl::OkStatus();
     }
-    // A plain thread waits for room: spin briefly, then park until the consumer releases.
-    for (int spin = 0; spin < 4096 && !r.has_room(kWords); ++spin) cpu_relax();
+    // A plain thread waits for room: spin briefly, then park until the consumer releases. On
+    // one CPU the consumer cannot free room while this thread spins: it yields instead.
+    if (p.one_cpu) {
+      for (int look = 0; look < 16 && !r.has_room(kWords); ++look) std::this_thread::yield();
+    } else {
+      for (int spin = 0; spin < 4096 && !r.has_room(kWords); ++spin) cpu_relax();
+    }
     while (!r.has_room(kWords)) {
       r.producer_waiting.store(1, std::memory_order_relaxed);
       heavy_barrier();  // pairs with the consumer's light_barrier() after release()
