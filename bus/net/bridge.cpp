@@ -369,7 +369,15 @@ void Bridge::loop() {
       // the back-pressure through the bounded rings).
       if (fresh_stall) std::this_thread::yield();
     } else {
-      work += awake ? inbox_->drain_awake() : inbox_->drain();
+      std::size_t drained = awake ? inbox_->drain_awake() : inbox_->drain();
+      work += drained;
+      // A drain that took a full batch may have left more: take up to kDrainRounds batches, so
+      // that a publisher's frame carries up to kMaxBatchBytes, not one batch of records.
+      for (int more = 1; more < kDrainRounds && drained >= ExternalInbox::kBatch && !stall_;
+           ++more) {
+        drained = inbox_->drain_awake();
+        work += drained;
+      }
     }
     // What this pass read and drained goes out in as few frames as it fits in.
     flush_batches();

@@ -132,6 +132,7 @@ void Bridge::flush_publishes() {
     env.count = out->count;
     out->next_seq += out->count;
     counters_.published += out->count;
+    ++counters_.publish_frames;
     if (subscribers_.contains(ch->name)) {
       ChannelTraffic& t = traffic(ch->name, 0);
       t.sent += out->count;

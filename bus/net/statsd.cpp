@@ -27,6 +27,7 @@ void detail::node_figures(const NodeStats& s, StatsdSink& out) {
     out.counter("node.unroutable_replies", s.unroutable_replies);
     out.counter("node.send_refused", s.send_refused);
     out.counter("node.auth_denied", s.auth_denied);
+    out.counter("node.publish_frames", s.publish_frames);
     out.counter("node.request_frames", s.request_frames);
     out.counter("node.reply_frames", s.reply_frames);
     // Per channel, summed over peers (peer names come and go; StatsD names should not).

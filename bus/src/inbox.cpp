@@ -14,7 +14,6 @@
 
 namespace bus::detail {
 namespace {
-constexpr std::size_t kBatch = 256;  // records taken from one ring before looking at the next
 }
 
 Inbox::Inbox(Core& core, uint32_t index, Kind kind) : core_(core), index_(index), kind_(kind) {

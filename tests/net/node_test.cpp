@@ -139,6 +139,37 @@ TEST(Node, TopicMessagesCrossInOrderWithNothingLost) {
   EXPECT_EQ(st.rejected, 0u);
 }
 
+// A publisher's frame holds what several drains of its bridge's inbox took (up to 32 KiB), not
+// one drain's batch of 256 records: the receiver pays per frame.
+TEST(Node, APublisherFillsItsFramesFromSeveralDrainBatches) {
+  Pair p;
+  p.a.export_topic(readings);
+  p.b.import_topic(readings);
+  p.b.export_topic(alerts);
+  std::atomic<uint64_t> got{0};
+  auto sub = p.bus_b.subscribe(readings, [&](const Reading&) { got.fetch_add(1); });
+  // A handler on A's bridge thread holds that thread while A's publisher fills its ring.
+  bus_test::Gate gate;
+  std::atomic<bool> holding{false};
+  p.a.subscribe(alerts, [&](const Reading&) {
+    holding = true;
+    gate.wait();
+  });
+  ASSERT_TRUE(p.a.wait_for_subscribers(readings.name(), 1, 10s));
+  ASSERT_TRUE(p.b.wait_for_subscribers(alerts.name(), 1, 10s));
+  uint64_t frames_before = p.a.stats().publish_frames;  // (asked of A's bridge thread: not later)
+  ASSERT_TRUE(p.bus_b.publish(alerts, reading(1, 1.0)).ok());
+  ASSERT_TRUE(bus_test::eventually([&] { return holding.load(); }));
+  // 1,024 readings of 56 bytes on the wire (one ring of 64 KiB holds them): 56 KiB, two frames.
+  constexpr uint64_t kN = 4 * bus::ExternalInbox::kBatch;
+  for (uint64_t i = 1; i <= kN; ++i) ASSERT_TRUE(p.bus_a.publish(readings, reading(i, 1.0)).ok());
+  gate.open();
+  ASSERT_TRUE(bus_test::eventually([&] { return got.load() == kN; }, 30s));
+  bus::net::NodeStats a = p.a.stats();
+  EXPECT_EQ(a.published, kN);
+  EXPECT_LE(a.publish_frames - frames_before, 2u) << "one drain per frame would take 4";
+}
+
 TEST(Node, RequestReplyCrossesNodes) {
   Pair p;
   auto server = p.bus_a.serve(stats_ep, [](StatsRequest&& req) {

@@ -331,8 +331,10 @@ class ExternalInbox {
   ~ExternalInbox();
 
   int fd() const { return inbox_->eventfd(); }
-  /// Runs what is ready; returns how many records and timers ran.
+  /// Runs what is ready; returns how many records and timers ran. It takes at most kBatch
+  /// records from each producer's ring: one that returned kBatch or more may have left some.
   std::size_t drain();
+  static constexpr std::size_t kBatch = detail::Inbox::kBatch;
   /// Like drain(), but leaves the inbox awake: producers stop writing the eventfd (a syscall per
   /// message) until the next drain(). For a loop that is busy and will call again at once; it
   /// must call drain() before it blocks in poll.

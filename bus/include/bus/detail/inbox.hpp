@@ -90,6 +90,8 @@ enum InboxCounter : std::size_t {
 class Inbox {
  public:
   enum class Kind : uint8_t { kExecutor, kExternal };
+  /// Records taken from one ring before looking at the next, per run or drain.
+  static constexpr std::size_t kBatch = 256;
 
   Inbox(Core& core, uint32_t index, Kind kind);
   Inbox(const Inbox&) = delete;

@@ -46,6 +46,7 @@ struct NodeStats {
   std::vector<PeerInfo> peers;          // live peers
   std::vector<ChannelTraffic> traffic;  // per (channel, peer)
   uint64_t published = 0;               // topic messages that left through the publisher
+  uint64_t publish_frames = 0;          // frames they left in: published over it is the batching
   uint64_t publish_stalls = 0;          // batches a subscriber's full pipe held back (each once)
   uint64_t publish_dropped = 0;         // batches dropped after a subscriber stalled the publisher
   uint64_t malformed_frames = 0;        // bad envelope, bad framing, wrong part count
