@@ -13,8 +13,6 @@
 #include "bus/detail/targets.hpp"
 
 namespace bus::detail {
-namespace {
-}
 
 Inbox::Inbox(Core& core, uint32_t index, Kind kind) : core_(core), index_(index), kind_(kind) {
   if (kind_ == Kind::kExternal) {
