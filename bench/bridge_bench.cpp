@@ -435,7 +435,7 @@ int main(int argc, char** argv) {
                          {}});
   };
   // Messages per run. The bus's receiver warms up over its first million or so 16 B messages
-  // (about 4 M msgs/s over the first 0.5 M, 8-9 M/s once it runs behind and every read finds
+  // (3-4 M msgs/s over the first 0.5 M, 7-10 M/s once it runs behind and every read finds
   // full frames): both bus publish rows move the same count, so they pay the same warm-up.
   // ZeroMQ's rate does not depend on its count (4.5 M/s for 1.5 M and for 8 M here).
   struct Counts {
