@@ -373,7 +373,8 @@ void Bridge::loop() {
       work += drained;
       // A drain that took a full batch may have left more: take up to kDrainRounds batches, so
       // that a publisher's frame carries up to kMaxBatchBytes, not one batch of records.
-      for (int more = 1; more < kDrainRounds && drained >= ExternalInbox::kBatch && !stall_;
+      for (int more = 1; more < kDrainRounds && drained >= ExternalInbox::kBatch && !stall_ &&
+                         backlogged_ < kPauseBacklog;
            ++more) {
         drained = inbox_->drain_awake();
         work += drained;

@@ -35,6 +35,8 @@ void append_message(capnp::MessageBuilder& builder, std::string& out) {
 
 namespace {
 
+constexpr int kMaxWalkNesting = 256;
+
 /// Walks a one-segment message's pointers (encoding: capnproto.org/encoding.html) for
 /// readable_unchecked(). Any doubt is a "no": the checked copy decides then.
 class UncheckedWalk {
@@ -134,7 +136,9 @@ kj::ArrayPtr<const capnp::word> readable_unchecked(kj::ArrayPtr<const capnp::wor
   std::memcpy(&root, segment, sizeof root);
   if ((root & 3) != 0) return nullptr;  // the root is a struct (or null)
   UncheckedWalk walk(segment, words, std::min<uint64_t>(words, limits.traversal_limit_words));
-  if (!walk.pointer(0, limits.nesting_limit)) return nullptr;
+  // The walk recurses once per level: a payload nested deeper than kMaxWalkNesting (within a
+  // larger configured limit) takes the checked copy.
+  if (!walk.pointer(0, std::min(limits.nesting_limit, kMaxWalkNesting))) return nullptr;
   return kj::arrayPtr(segment, words);
 }
 

@@ -255,6 +255,15 @@ TEST(Decode, CyclesAndNestingPastTheLimitAreRefusedByTheWalkAndThenByTheCopy) {
             std::size_t(kLimits.nesting_limit) + 1);
   EXPECT_EQ(readable_unchecked(view(chain(kLimits.nesting_limit + 1)), kLimits).size(), 0u);
   EXPECT_FALSE(decode<StatsMessage>(view(chain(kLimits.nesting_limit + 4)), kLimits).ok());
+  // The walk recurses per level, so it stops at 256 levels even when the configured limit is
+  // higher; a deeper payload within that limit is the checked copy's.
+  constexpr Limits kDeep{/*max_message_bytes=*/1 << 20, /*traversal_limit_words=*/1 << 20,
+                         /*nesting_limit=*/1000};
+  EXPECT_EQ(readable_unchecked(view(chain(256)), kDeep).size(), 257u);
+  EXPECT_EQ(readable_unchecked(view(chain(300)), kDeep).size(), 0u);
+  auto deep = decode<StatsMessage>(view(chain(300)), kDeep);
+  ASSERT_TRUE(deep.ok()) << deep.status();
+  EXPECT_EQ(deep->words().size(), 302u);  // stream header, then the 301 words of the chain
 }
 
 TEST(Decode, SharedTargetsPastThePayloadsOwnSizeAreLeftToTheCopy) {

@@ -44,10 +44,10 @@ void encode(const T& v, std::string& out) {
 /// The segment of `payload` (one message in stream framing, aligned) when Cap'n Proto may read it
 /// as it is without bounds checks, the way a Message keeps its words: one segment, the root a
 /// struct; every struct and list inside the segment; no far or capability pointers; no deeper
-/// than the nesting limit; and no more words reached, counting each time a pointer reaches them,
-/// than the segment holds (nor the traversal limit), so shared targets cannot amplify and cycles
-/// end. Otherwise an empty array: decode() then copies the payload through Cap'n Proto's checked
-/// reader, which takes the rest of what is legal and says what is wrong with what is not.
+/// than the nesting limit (nor 256 levels); and no more words reached, counting each time a pointer
+/// reaches them, than the segment holds (nor the traversal limit), so shared targets cannot amplify
+/// and cycles end. Otherwise an empty array: decode() then copies the payload through Cap'n Proto's
+/// checked reader, which takes the rest of what is legal and says what is wrong with what is not.
 /// Cap'n Proto has no such check short of isCanonical(), which builders' own output fails.
 kj::ArrayPtr<const capnp::word> readable_unchecked(kj::ArrayPtr<const capnp::word> payload,
                                                    const Limits& limits);
