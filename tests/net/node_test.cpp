@@ -142,14 +142,15 @@ TEST(Node, TopicMessagesCrossInOrderWithNothingLost) {
 // A publisher's frame holds what several drains of its bridge's inbox took (up to 32 KiB), not
 // one drain's batch of 256 records: the receiver pays per frame.
 TEST(Node, APublisherFillsItsFramesFromSeveralDrainBatches) {
+  bus_test::Gate gate;  // outlives the nodes: A's bridge thread may still be leaving it
   Pair p;
+  bus_test::OpenOnExit open_on_exit{gate};  // however the test ends, A's bridge thread goes on
   p.a.export_topic(readings);
   p.b.import_topic(readings);
   p.b.export_topic(alerts);
   std::atomic<uint64_t> got{0};
   auto sub = p.bus_b.subscribe(readings, [&](const Reading&) { got.fetch_add(1); });
   // A handler on A's bridge thread holds that thread while A's publisher fills its ring.
-  bus_test::Gate gate;
   std::atomic<bool> holding{false};
   p.a.subscribe(alerts, [&](const Reading&) {
     holding = true;

@@ -61,6 +61,10 @@ TEST(Overflow, OnOneCpuABlockedPlainPublisherYieldsToTheConsumerAndLosesNothing)
   CPU_ZERO(&one);
   CPU_SET(cpu, &one);
   ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+  struct Restore {  // however the test ends, the tests after it run on every CPU again
+    const cpu_set_t& mask;
+    ~Restore() { pthread_setaffinity_np(pthread_self(), sizeof mask, &mask); }
+  } restore{was};
   {
     bus::Bus bus(small());  // its executors inherit the one CPU, as the producer below does
     constexpr long kCount = 20000;
@@ -82,7 +86,6 @@ TEST(Overflow, OnOneCpuABlockedPlainPublisherYieldsToTheConsumerAndLosesNothing)
     EXPECT_EQ(sum.load(), kCount * (kCount + 1) / 2);
     EXPECT_EQ(out_of_order.load(), 0);
   }
-  ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof was, &was), 0);
 }
 
 TEST(Overflow, FailPolicyReturnsResourceExhaustedAndCounts) {
