@@ -189,6 +189,13 @@ struct MessageAccess {
   static Message<S> from_segment(kj::ArrayPtr<const capnp::word> segment) {
     return Message<S>::from_segment(segment);
   }
+  /// What `builder` holds: its words as they are when it has one segment, else copied whole.
+  template <class S>
+  static Message<S> of_builder(capnp::MessageBuilder& builder) {
+    auto segments = builder.getSegmentsForOutput();
+    if (segments.size() == 1) return Message<S>::from_segment(segments[0]);
+    return Message<S>(builder.getRoot<S>().asReader());
+  }
   /// `root` copied in one traversal when it fits in `bound` words, else sized first.
   template <class S>
   static Message<S> copy(typename S::Reader root, std::size_t bound) {
@@ -203,9 +210,7 @@ template <class S, class F>
 requires std::invocable<F&, typename S::Builder> Message<S> build(F&& fill) {
   detail::ScratchBuilder builder;
   fill(builder.get().initRoot<S>());
-  auto segments = builder.get().getSegmentsForOutput();
-  if (segments.size() == 1) return detail::MessageAccess::from_segment<S>(segments[0]);
-  return Message<S>(builder.get().getRoot<S>().asReader());
+  return detail::MessageAccess::of_builder<S>(builder.get());
 }
 
 /// A builder kept from one message to the next, for many messages of one shape: set the fields
@@ -230,11 +235,7 @@ class Builder {
   typename S::Builder root() { return root_; }
 
   /// A message of the builder's current content.
-  Message<S> message() {
-    auto segments = builder_->getSegmentsForOutput();
-    if (segments.size() == 1) return detail::MessageAccess::from_segment<S>(segments[0]);
-    return Message<S>(root_.asReader());  // grown past its first segment: copied whole
-  }
+  Message<S> message() { return detail::MessageAccess::of_builder<S>(*builder_); }
 
   /// Starts again from an empty root, with the words of the previous ones freed.
   void clear() {
