@@ -27,6 +27,7 @@ Bridge::Bridge(Bus& bus, NodeOptions options)
   }
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw std::runtime_error("bus.net: eventfd() failed");
+  lanes_ = std::make_shared<DirectLanes>(ctx_, opt_, id_, limits_);
   std::promise<void> ready;
   auto started = ready.get_future();
   thread_ = std::thread([this, &ready] { run(ready); });
@@ -385,10 +386,15 @@ void Bridge::loop() {
     // While traffic flows, stay awake: poll without blocking and keep the inbox awake, so local
     // publishers do not pay an eventfd write (and we a wake-up) per message, and what arrives
     // between passes goes out together. After kSpin without work, drain once more the normal
-    // way (re-arming the eventfd) and block in poll again.
+    // way (re-arming the eventfd) and block in poll again. Traffic flows when a pass found more
+    // than one message or came within kSpin of the last work; a lone message after a longer
+    // quiet (a request, its reply) is not followed by a spin: on a core shared with ZeroMQ's I/O
+    // thread and the caller, spinning for an answer that is tens of microseconds away only
+    // delays it.
     if (work > 0) {
-      awake = true;
-      last_work = Clock::now();
+      const auto at = Clock::now();
+      if (work > 1 || at - last_work < kSpin) awake = true;
+      last_work = at;
     } else if (awake) {
       if (Clock::now() - last_work > kSpin) {
         awake = false;
@@ -441,6 +447,7 @@ void Bridge::shutdown() {
   };
   drain_all();
   for (auto& ch : channels_) ch->stop(*this);
+  lanes_->stop();  // calls on their callers' threads end Cancelled, as pending_ below
   drain_all();
   flush_peer_backlogs();
   flush_reply_backlog();

@@ -22,6 +22,7 @@
 #include <zmq.hpp>
 
 #include "bus/net/node.hpp"
+#include "direct.hpp"
 #include "wire.hpp"
 
 namespace bus::net::detail {
@@ -187,6 +188,7 @@ class Bridge final : public Link {
   bool oversized(const Bridged& channel, std::size_t bytes) override;
   void call(Bridged& channel, std::string payload, Clock::time_point deadline,
             std::unique_ptr<PendingCall> pending) override;
+  std::shared_ptr<DirectCalls> direct_calls() override { return lanes_; }
   /// call(), to node `to` (0: any live node serving the channel).
   void call_to(uint64_t to, Bridged& channel, std::string payload, Clock::time_point deadline,
                std::unique_ptr<PendingCall> pending);
@@ -213,7 +215,6 @@ class Bridge final : public Link {
     uint32_t count = 0;
     Clock::time_point since;
   };
-  using Parts = std::vector<zmq::message_t>;
 
   void run(std::promise<void>& ready);
   void setup();
@@ -225,7 +226,6 @@ class Bridge final : public Link {
   void changed();
 
   // incoming
-  bool recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts = 5);
   void on_sub(Parts& parts);
   void on_router(Parts& parts);
   void on_dealer(Parts& parts);
@@ -285,6 +285,8 @@ class Bridge final : public Link {
   void forget_peer(uint64_t id, const absl::Status& why);
   void update_reachability();
   void update_subscriptions();
+  /// True when `p` serves `ch` (an import) with its types.
+  static bool serves(const PeerState& p, const Bridged& ch, bool endpoint);
   PeerState* pick_peer(const Bridged& ch, bool endpoint);
   void sweep_pending();
 
@@ -306,6 +308,9 @@ class Bridge final : public Link {
   std::optional<zmq::socket_t> xpub_, sub_, router_, zap_;
   std::unique_ptr<ExternalInbox> inbox_;
   int wake_fd_ = -1;
+  // After ctx_: closed before it. Callers in a call keep it alive; their sockets close when
+  // the call ends, which the context's close waits for.
+  std::shared_ptr<DirectLanes> lanes_;
 
   std::mutex changed_mu_;
   std::condition_variable changed_cv_;

@@ -14,23 +14,6 @@ namespace bus::net::detail {
 
 // ---- incoming ------------------------------------------------------------------------------
 
-bool Bridge::recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts) {
-  parts.clear();
-  zmq::message_t m;
-  if (!s.recv(m, zmq::recv_flags::dontwait)) return false;
-  bool more = m.more();
-  parts.push_back(std::move(m));
-  // No bus message has more than 4 parts (identity, channel, envelope, payloads): keep at most
-  // `max_parts` so a peer cannot make us hold an unbounded list; the caller rejects the rest.
-  while (more) {
-    zmq::message_t next;
-    if (!s.recv(next, zmq::recv_flags::none)) break;  // the rest of a multipart is already here
-    more = next.more();
-    if (parts.size() < max_parts) parts.push_back(std::move(next));
-  }
-  return true;
-}
-
 void Bridge::malformed(absl::string_view from, const absl::Status& why) {
   ++counters_.malformed_frames;
   log_once(absl::StrCat("malformed:", from),
@@ -379,17 +362,7 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
       p.request_endpoint = hb.getRequestEndpoint().cStr();
       p.public_key = hb.getPublicKey().cStr();
       if (!p.request_endpoint.empty()) {
-        p.dealer = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
-        p.dealer->set(zmq::sockopt::linger, 0);
-        p.dealer->set(zmq::sockopt::sndhwm, kPipeHwm);
-        p.dealer->set(zmq::sockopt::rcvhwm, kPipeHwm);
-        p.dealer->set(zmq::sockopt::maxmsgsize,
-                      static_cast<int64_t>(opt_.max_message_bytes()) * 4 + (1 << 20));
-        if (opt_.secure()) {
-          p.dealer->set(zmq::sockopt::curve_publickey, opt_.curve_keys().public_key);
-          p.dealer->set(zmq::sockopt::curve_secretkey, opt_.curve_keys().secret_key);
-          p.dealer->set(zmq::sockopt::curve_serverkey, p.public_key);
-        }
+        p.dealer = make_dealer(ctx_, opt_, p.public_key);
         touched(p.dealer->handle());
         try {
           p.dealer->connect(p.request_endpoint);

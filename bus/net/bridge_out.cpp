@@ -535,6 +535,7 @@ void Bridge::check_peers() {
 void Bridge::forget_peer(uint64_t id, const absl::Status& why) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return;
+  lanes_->peer_gone(id, why);
   // Fail what was in flight on it now, not at the deadline.
   std::vector<uint64_t> failed;
   for (auto& [corr, p] : pending_) {
@@ -578,27 +579,37 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why) {
   }
 }
 
+bool Bridge::serves(const PeerState& p, const Bridged& ch, bool endpoint) {
+  if (!p.dealer) return false;
+  auto kind = endpoint ? wire::Channel::Kind::ENDPOINT : wire::Channel::Kind::QUEUE;
+  for (const auto& s : p.serves) {
+    if (s.name == ch.name && s.kind == kind && s.type_id == ch.type_id &&
+        (!endpoint || s.reply_type_id == ch.reply_type_id)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 PeerState* Bridge::pick_peer(const Bridged& ch, bool endpoint) {
   std::vector<PeerState*> live;
   for (auto& [id, p] : peers_) {
-    if (!p.dealer) continue;
-    auto kind = endpoint ? wire::Channel::Kind::ENDPOINT : wire::Channel::Kind::QUEUE;
-    for (const auto& s : p.serves) {
-      if (s.name == ch.name && s.kind == kind && s.type_id == ch.type_id &&
-          (!endpoint || s.reply_type_id == ch.reply_type_id)) {
-        live.push_back(&p);
-        break;
-      }
-    }
+    if (serves(p, ch, endpoint)) live.push_back(&p);
   }
   if (live.empty()) return nullptr;
   return live[round_robin_[ch.name]++ % live.size()];
 }
 
 void Bridge::update_reachability() {
+  absl::flat_hash_map<std::string, std::vector<DirectServer>> direct;
   for (Bridged* ch : imported_calls_) {
     bool endpoint = ch->role == Bridged::Role::kImportEndpoint;
-    bool reachable = pick_peer(*ch, endpoint) != nullptr;
+    bool reachable = false;
+    for (const auto& [id, p] : peers_) {
+      if (!serves(p, *ch, endpoint)) continue;
+      reachable = true;
+      if (endpoint) direct[ch->name].push_back({id, p.name, p.request_endpoint, p.public_key});
+    }
     if (!reachable) {
       for (auto& [id, p] : peers_) {
         for (const auto& s : p.serves) {
@@ -613,6 +624,7 @@ void Bridge::update_reachability() {
     }
     ch->set_reachable(*this, reachable);
   }
+  lanes_->set_servers(std::move(direct));
   changed();  // peers or what they serve changed
 }
 
@@ -692,6 +704,12 @@ NodeStats Bridge::stats() const {
     auto p = peers_.find(key.second);
     row.peer_name = p != peers_.end() ? p->second.name : (key.second == 0 ? "" : "?");
     s.traffic.push_back(std::move(row));
+  }
+  lanes_->add_to(s);
+  for (ChannelTraffic& row : s.traffic) {
+    if (!row.peer_name.empty() || row.peer == 0) continue;
+    auto p = peers_.find(row.peer);
+    row.peer_name = p != peers_.end() ? p->second.name : "?";
   }
   return s;
 }

@@ -30,6 +30,7 @@ void detail::node_figures(const NodeStats& s, StatsdSink& out) {
     out.counter("node.publish_frames", s.publish_frames);
     out.counter("node.request_frames", s.request_frames);
     out.counter("node.reply_frames", s.reply_frames);
+    out.counter("node.direct_calls", s.direct_calls);
     // Per channel, summed over peers (peer names come and go; StatsD names should not).
     std::set<std::string> channels;
     for (const ChannelTraffic& t : s.traffic) channels.insert(t.channel);

@@ -857,11 +857,28 @@ absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req,
                      "Node::serve handler); use request() with a callback");
   }
   auto deadline = Clock::now() + timeout;
-  auto waiter = std::make_shared<detail::Waiter<Rep>>();
+  auto no_reply = [&] {
+    return absl::DeadlineExceededError(
+        absl::StrCat("bus: no reply from '", endpoint.name(), "' before the deadline"));
+  };
   if (!c.enter(p)) return detail::Core::stopped_status();
-  absl::Status s = endpoint_state(endpoint).route(
-      p,
-      detail::RequestEnvelope<Req, Rep>{Req(std::forward<R>(req)), 0, nullptr, waiter, deadline});
+  auto& st = endpoint_state(endpoint);
+  Req request(std::forward<R>(req));
+  auto* t =
+      detail::pick(p, st.targets.load(), st.channel, st.key, static_cast<const Req&>(request));
+  if (t != nullptr && t->direct) {
+    // Another node's server: this thread sends the request and waits for the reply itself.
+    std::shared_ptr<const typename detail::EndpointTarget<Req, Rep>::Direct> direct = t->direct;
+    c.leave(p);
+    p.counters.add(endpoint.id(), detail::kPublished);
+    p.flush();  // what this thread published in a Batch goes before the request, as below
+    std::optional<absl::StatusOr<Rep>> rep = (*direct)(std::move(request), deadline);
+    if (!rep) return no_reply();
+    return std::move(*rep);
+  }
+  auto waiter = std::make_shared<detail::Waiter<Rep>>();
+  absl::Status s = st.route_to(
+      p, t, detail::RequestEnvelope<Req, Rep>{std::move(request), 0, nullptr, waiter, deadline});
   c.leave(p);
   if (!s.ok()) return s;  // counted as failed by route()
   p.counters.add(endpoint.id(), detail::kPublished);
@@ -877,8 +894,7 @@ absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req,
   if (waiter->state.exchange(W::kAbandoned, std::memory_order_acq_rel) == W::kDone) {
     return std::move(*waiter->result);
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("bus: no reply from '", endpoint.name(), "' before the deadline"));
+  return no_reply();
 }
 
 template <class S, class... A>

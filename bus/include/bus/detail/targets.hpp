@@ -10,6 +10,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <typeinfo>
@@ -449,6 +450,9 @@ struct EndpointTarget : Target {
   using Handler = absl::AnyInvocable<absl::StatusOr<Rep>(Req&&)>;
   using Forward = absl::AnyInvocable<void(Envelope&&)>;
   using Async = absl::AnyInvocable<void(Req&&, Replier<Rep>)>;
+  /// Called from any thread; the answer, or nullopt when the deadline passed first.
+  using Direct =
+      absl::AnyInvocable<std::optional<absl::StatusOr<Rep>>(Req&&, Clock::time_point) const>;
   EndpointTarget(uint32_t ch, Inbox& in, EndpointState<Req, Rep>& st, Handler f)
       : Target{&run, &Payload<Envelope>::kOps},
         channel(ch),
@@ -456,12 +460,14 @@ struct EndpointTarget : Target {
         state(&st),
         remote(false),
         fn(std::move(f)) {}
-  EndpointTarget(uint32_t ch, Inbox& in, EndpointState<Req, Rep>& st, Forward f)
+  EndpointTarget(uint32_t ch, Inbox& in, EndpointState<Req, Rep>& st, Forward f,
+                 std::shared_ptr<const Direct> d = nullptr)
       : Target{&run, &Payload<Envelope>::kOps},
         channel(ch),
         inbox(&in),
         state(&st),
         remote(true),
+        direct(std::move(d)),
         forward(std::move(f)) {}
   EndpointTarget(uint32_t ch, Inbox& in, EndpointState<Req, Rep>& st, Async f)
       : Target{&run, &Payload<Envelope>::kOps},
@@ -474,6 +480,9 @@ struct EndpointTarget : Target {
   Inbox* const inbox;
   EndpointState<Req, Rep>* const state;
   const bool remote;
+  // Remote proxies: Bus::call from a plain thread calls it instead of forwarding. Set once;
+  // shared, so that a call in progress keeps it alive however long the proxy is gone.
+  const std::shared_ptr<const Direct> direct;
   Handler fn;  // owner thread; all empty once the server is removed
   Forward forward;
   Async async;
@@ -503,7 +512,11 @@ struct EndpointState : ChannelState {
   Targets<EndpointTarget<Req, Rep>> targets;
 
   absl::Status route(Producer& p, Envelope&& env) {
-    auto* t = pick(p, targets.load(), channel, key, static_cast<const Req&>(env.request));
+    return route_to(p, pick(p, targets.load(), channel, key, static_cast<const Req&>(env.request)),
+                    std::move(env));
+  }
+  /// route() to `t`, picked already (null: none serves the endpoint).
+  absl::Status route_to(Producer& p, EndpointTarget<Req, Rep>* t, Envelope&& env) {
     if (t == nullptr) {
       p.counters.add(channel, kFailed);  // (a full ring is counted by send())
       return absl::UnavailableError(

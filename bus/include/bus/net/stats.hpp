@@ -62,6 +62,9 @@ struct NodeStats {
   // that read batches). Requests sent over request_frames is the batching achieved.
   uint64_t request_frames = 0;
   uint64_t reply_frames = 0;
+  // Requests sent and answered on their callers' threads (Bus::call from a plain thread), not
+  // through the bridge thread: one frame each, counted in request_frames too.
+  uint64_t direct_calls = 0;
 
   /// Sums over peers for `channel`.
   ChannelTraffic channel(std::string_view channel) const {

@@ -8,7 +8,9 @@
 #include <kj/exception.h>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "bus/bus.hpp"
@@ -99,6 +101,20 @@ struct PendingCall {
   virtual void finish(absl::Status status, kj::ArrayPtr<const capnp::word> payload) = 0;
 };
 
+/// Requests sent and answered on the calling thread, for Bus::call from a plain thread: each
+/// caller borrows a lane (a DEALER per serving node) and waits on it for the reply, so the
+/// request does not pass through the bridge thread on its way out nor the reply on its way back.
+class DirectCalls {
+ public:
+  virtual ~DirectCalls() = default;
+  /// Sends `payload` to a live node that serves endpoint `name` with these types, then waits
+  /// here for its answer until `deadline`. `done` gets the answer or a failure (no live node,
+  /// peer gone, the node stopped) on this thread, and true is returned; false when `deadline`
+  /// passed first (`done` is not called). Any thread.
+  virtual bool call(std::string_view name, uint64_t type_id, uint64_t reply_type_id,
+                    std::string_view payload, Clock::time_point deadline, PendingCall& done) = 0;
+};
+
 /// A request that came from another node, for the reply.
 struct RemoteCall {
   std::string identity;  // the requester's DEALER, as the ROUTER names it
@@ -125,6 +141,9 @@ class Link {
   /// with a failure, or later with the reply, a timeout or "peer gone").
   virtual void call(Bridged& channel, std::string payload, Clock::time_point deadline,
                     std::unique_ptr<PendingCall> pending) = 0;
+  /// Calls from other threads that do not pass through the bridge thread (see DirectCalls). It
+  /// may outlive the link.
+  virtual std::shared_ptr<DirectCalls> direct_calls() = 0;
   /// Sends a queue message to a live node consuming `channel`.
   virtual absl::Status send(Bridged& channel, std::string payload) = 0;
   virtual void reply(Bridged& channel, const RemoteCall& to, const absl::Status& status,
@@ -160,11 +179,12 @@ struct BusAccess {
   template <class Req, class Rep>
   static bus::detail::EndpointTarget<Req, Rep>* add_remote_server(
       Bus& bus, const Endpoint<Req, Rep>& ep, bus::detail::Inbox& in,
-      typename bus::detail::EndpointTarget<Req, Rep>::Forward fwd) {
+      typename bus::detail::EndpointTarget<Req, Rep>::Forward fwd,
+      std::shared_ptr<const typename bus::detail::EndpointTarget<Req, Rep>::Direct> direct) {
     auto& st = bus.endpoint_state(ep);
     std::lock_guard lock(bus.core_->mu);
-    return st.targets.add(
-        std::make_unique<bus::detail::EndpointTarget<Req, Rep>>(ep.id(), in, st, std::move(fwd)));
+    return st.targets.add(std::make_unique<bus::detail::EndpointTarget<Req, Rep>>(
+        ep.id(), in, st, std::move(fwd), std::move(direct)));
   }
   /// A local server of `ep` on the bridge's own inbox (Node::serve).
   template <class Req, class Rep>
@@ -472,16 +492,43 @@ class ImportEndpoint final : public Bridged {
   using Envelope = bus::detail::RequestEnvelope<Req, Rep>;
   using State = bus::detail::EndpointState<Req, Rep>;
 
+  static absl::StatusOr<Rep> result(absl::Status status, kj::ArrayPtr<const capnp::word> payload,
+                                    const Limits& limits) {
+    return status.ok() ? decode<Rep>(payload, limits) : absl::StatusOr<Rep>(std::move(status));
+  }
   struct Call final : PendingCall {
     Call(Link& l, State& s, Envelope&& e) : link(l), state(s), env(std::move(e)) {}
     void finish(absl::Status status, kj::ArrayPtr<const capnp::word> payload) override {
-      absl::StatusOr<Rep> result =
-          status.ok() ? decode<Rep>(payload, link.limits()) : absl::StatusOr<Rep>(status);
-      state.reply(BusAccess::inbox(link.inbox()), env, std::move(result));
+      state.reply(BusAccess::inbox(link.inbox()), env,
+                  result(std::move(status), payload, link.limits()));
     }
     Link& link;
     State& state;
     Envelope env;
+  };
+  /// A Bus::call() made on its caller's thread (see DirectCalls). Holds copies of what it
+  /// needs: a call may outlast the node.
+  struct CallHere {
+    std::shared_ptr<DirectCalls> calls;
+    std::string name;
+    uint64_t type_id, reply_type_id;
+    Limits limits;
+    std::optional<absl::StatusOr<Rep>> operator()(Req&& req, Clock::time_point deadline) const {
+      std::string payload;
+      encode(req, payload);
+      struct Answer final : PendingCall {
+        explicit Answer(const Limits& l) : limits(l) {}
+        void finish(absl::Status status, kj::ArrayPtr<const capnp::word> payload) override {
+          rep = result(std::move(status), payload, limits);
+        }
+        const Limits& limits;
+        std::optional<absl::StatusOr<Rep>> rep;
+      } answer(limits);
+      if (!calls->call(name, type_id, reply_type_id, payload, deadline, answer)) {
+        return std::nullopt;
+      }
+      return std::move(answer.rep);
+    }
   };
 
  public:
@@ -500,7 +547,9 @@ class ImportEndpoint final : public Bridged {
             Clock::time_point deadline = env.deadline;
             link.call(*this, std::move(payload), deadline,
                       std::make_unique<Call>(link, state, std::move(env)));
-          });
+          },
+          std::make_shared<const typename bus::detail::EndpointTarget<Req, Rep>::Direct>(
+              CallHere{link.direct_calls(), name, type_id, reply_type_id, link.limits()}));
       return;
     }
     BusAccess::route(link.bus(), state.targets, proxy_, reachable);

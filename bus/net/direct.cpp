@@ -1,0 +1,370 @@
+#include "direct.hpp"
+
+#include <absl/container/flat_hash_set.h>
+#include <absl/strings/str_cat.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "bridge.hpp"
+
+namespace bus::net::detail {
+
+namespace {
+// Replies to requests sent from a lane wait on its socket; a call notices a peer gone or the
+// node stopping within this long (the bridge declares a peer dead after missed heartbeats,
+// hundreds of milliseconds; this adds little to it).
+constexpr auto kDirectSlice = std::chrono::milliseconds(10);
+// Reasons of recently gone peers kept for calls that wait on them.
+constexpr std::size_t kGoneKept = 256;
+
+absl::string_view sv(std::string_view s) { return {s.data(), s.size()}; }
+}  // namespace
+
+bool recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts) {
+  parts.clear();
+  zmq::message_t m;
+  if (!s.recv(m, zmq::recv_flags::dontwait)) return false;
+  bool more = m.more();
+  parts.push_back(std::move(m));
+  // No bus message has more than 4 parts (identity, channel, envelope, payloads): keep at most
+  // `max_parts` so a peer cannot make us hold an unbounded list; the caller rejects the rest.
+  while (more) {
+    zmq::message_t next;
+    if (!s.recv(next, zmq::recv_flags::none)) break;  // the rest of a multipart is already here
+    more = next.more();
+    if (parts.size() < max_parts) parts.push_back(std::move(next));
+  }
+  return true;
+}
+
+std::unique_ptr<zmq::socket_t> make_dealer(zmq::context_t& ctx, const NodeOptions& opt,
+                                           const std::string& server_key) {
+  auto d = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
+  d->set(zmq::sockopt::linger, 0);
+  d->set(zmq::sockopt::sndhwm, kPipeHwm);
+  d->set(zmq::sockopt::rcvhwm, kPipeHwm);
+  d->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt.max_message_bytes()) * 4 + (1 << 20));
+  if (opt.secure()) {
+    d->set(zmq::sockopt::curve_publickey, opt.curve_keys().public_key);
+    d->set(zmq::sockopt::curve_secretkey, opt.curve_keys().secret_key);
+    d->set(zmq::sockopt::curve_serverkey, server_key);
+  }
+  return d;
+}
+
+struct DirectLanes::Lane {
+  uint64_t generation = 0;  // of the servers its dealers were last checked against
+  absl::flat_hash_map<uint64_t, std::unique_ptr<zmq::socket_t>> dealers;  // by node id
+  uint64_t last_correlation = 0;
+  Parts parts;
+  Payloads payloads;
+};
+
+DirectLanes::DirectLanes(zmq::context_t& ctx, const NodeOptions& options, uint64_t node_id,
+                         Limits limits)
+    : ctx_(ctx),
+      options_(options),
+      node_id_(node_id),
+      limits_(limits),
+      servers_(std::make_shared<const Servers>()) {}
+
+DirectLanes::~DirectLanes() = default;
+
+void DirectLanes::set_servers(absl::flat_hash_map<std::string, std::vector<DirectServer>> s) {
+  std::lock_guard lock(mu_);
+  auto next = std::make_shared<Servers>();
+  next->generation = servers_->generation + 1;
+  next->by_endpoint = std::move(s);
+  servers_ = std::move(next);
+}
+
+void DirectLanes::peer_gone(uint64_t id, const absl::Status& why) {
+  std::lock_guard lock(mu_);
+  gone_.emplace_back(id, why);
+  if (gone_.size() > kGoneKept) gone_.pop_front();
+  // Its rows fold into the "gone" ones, as the bridge's do.
+  std::vector<std::pair<std::string, uint64_t>> rows;
+  for (auto& [key, t] : traffic_) {
+    if (key.second == id) rows.push_back(key);
+  }
+  for (auto& key : rows) {
+    ChannelTraffic t = traffic_[key];
+    traffic_.erase(key);
+    ChannelTraffic& g = traffic_[{key.first, 0}];
+    g.channel = key.first;
+    g.sent += t.sent;
+    g.received += t.received;
+    g.rejected += t.rejected;
+  }
+}
+
+void DirectLanes::stop() {
+  std::lock_guard lock(mu_);
+  stopped_.store(true);
+  idle_.clear();  // closes their sockets
+}
+
+void DirectLanes::add_to(NodeStats& s) const {
+  std::lock_guard lock(mu_);
+  s.late_replies += counters_.late_replies;
+  s.calls_peer_gone += counters_.calls_peer_gone;
+  s.request_frames += counters_.request_frames;
+  s.direct_calls += counters_.direct_calls;
+  s.malformed_frames += counters_.malformed_frames;
+  s.oversized += counters_.oversized;
+  s.send_refused += counters_.send_refused;
+  for (const auto& [key, t] : traffic_) {
+    auto row = std::find_if(s.traffic.begin(), s.traffic.end(), [&](const ChannelTraffic& r) {
+      return r.channel == key.first && r.peer == key.second;
+    });
+    if (row == s.traffic.end()) {
+      s.traffic.push_back(t);
+      continue;
+    }
+    row->sent += t.sent;
+    row->received += t.received;
+    row->rejected += t.rejected;
+  }
+}
+
+void DirectLanes::count(std::string_view name, uint64_t peer, uint64_t sent, uint64_t received,
+                        uint64_t rejected) {
+  // under mu_
+  ChannelTraffic& t = traffic_[{std::string(name), peer}];
+  if (t.channel.empty()) {
+    t.channel = std::string(name);
+    t.peer = peer;
+  }
+  t.sent += sent;
+  t.received += received;
+  t.rejected += rejected;
+}
+
+void DirectLanes::fail(const absl::Status& why, PendingCall& done) {
+  if (why.code() == absl::StatusCode::kAborted) {
+    std::lock_guard lock(mu_);
+    ++counters_.calls_peer_gone;
+  }
+  done.finish(why, {});
+}
+
+absl::Status DirectLanes::gone(const DirectServer& server) const {
+  if (stopped_.load(std::memory_order_relaxed)) {
+    return absl::CancelledError("bus.net: the node stopped");
+  }
+  std::lock_guard lock(mu_);
+  for (const auto& [id, why] : gone_) {
+    if (id == server.id) return why;
+  }
+  return absl::OkStatus();
+}
+
+bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_type_id,
+                       std::string_view payload, Clock::time_point deadline, PendingCall& done) {
+  if (payload.size() > limits_.max_message_bytes) {
+    {
+      std::lock_guard lock(mu_);
+      ++counters_.oversized;
+    }
+    done.finish(absl::ResourceExhaustedError(absl::StrCat("bus.net: request of ", payload.size(),
+                                                          " bytes is over max_message_bytes")),
+                {});
+    return true;
+  }
+  std::unique_ptr<Lane> lane;
+  std::shared_ptr<const Servers> servers;
+  DirectServer to;
+  {
+    std::lock_guard lock(mu_);
+    if (stopped_.load(std::memory_order_relaxed)) {
+      done.finish(absl::CancelledError("bus.net: the node stopped"), {});
+      return true;
+    }
+    servers = servers_;
+    auto it = servers->by_endpoint.find(absl::string_view(name.data(), name.size()));
+    if (it == servers->by_endpoint.end() || it->second.empty()) {
+      done.finish(
+          absl::UnavailableError(absl::StrCat("bus.net: no live node serves '", sv(name), "'")),
+          {});
+      return true;
+    }
+    to = it->second[round_robin_[it->first]++ % it->second.size()];
+    if (idle_.empty()) {
+      lane = std::make_unique<Lane>();
+    } else {
+      lane = std::move(idle_.back());
+      idle_.pop_back();
+    }
+    // Dealers to nodes no longer serving anything here are closed (a node that restarted is a
+    // new node, with a new id).
+    if (lane->generation != servers->generation) {
+      lane->generation = servers->generation;
+      absl::flat_hash_set<uint64_t> live;
+      for (const auto& [n, list] : servers->by_endpoint) {
+        for (const auto& s : list) live.insert(s.id);
+      }
+      absl::erase_if(lane->dealers, [&](const auto& d) { return !live.contains(d.first); });
+    }
+    // Sockets are made under the lock that stop() takes: none is made after the context closes.
+    auto& dealer = lane->dealers[to.id];
+    if (!dealer) {
+      try {
+        dealer = make_dealer(ctx_, options_, to.public_key);
+        dealer->connect(to.request_endpoint);
+      } catch (const zmq::error_t& e) {
+        dealer.reset();
+        lane->dealers.erase(to.id);
+        idle_.push_back(std::move(lane));
+        done.finish(
+            absl::UnavailableError(absl::StrCat("bus.net: cannot call node '", to.name, "' at ",
+                                                to.request_endpoint, ": ", e.what())),
+            {});
+        return true;
+      }
+    }
+  }
+  Wait outcome = Wait::kFailed;
+  bool sent = false;
+  try {
+    zmq::socket_t* dealer = lane->dealers[to.id].get();
+    EnvelopeFields env;
+    env.kind = wire::Envelope::Kind::REQUEST;
+    env.type_id = type_id;
+    env.sender = node_id_;
+    env.count = 1;
+    env.correlation = ++lane->last_correlation;
+    auto left = deadline - Clock::now();
+    env.timeout_us = left > Clock::duration::zero()
+                         ? static_cast<uint64_t>(duration_cast<microseconds>(left).count())
+                         : 0;
+    std::string e = encode_envelope(env);
+    // The pipe has room unless the node stopped reading for kPipeHwm requests (late replies of
+    // abandoned calls do not count): wait for it as for the reply.
+    for (;;) {
+      if (dealer->send(zmq::buffer(name), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+        dealer->send(zmq::buffer(e), zmq::send_flags::sndmore);
+        dealer->send(zmq::message_t(payload.data(), payload.size()), zmq::send_flags::none);
+        sent = true;
+        break;
+      }
+      auto now = Clock::now();
+      if (now >= deadline) break;
+      if (absl::Status why = gone(to); !why.ok()) {
+        fail(why, done);
+        break;
+      }
+      zmq::pollitem_t item{dealer->handle(), 0, ZMQ_POLLOUT, 0};
+      zmq::poll(
+          &item, 1,
+          std::min(kDirectSlice, duration_cast<milliseconds>(deadline - now) + milliseconds(1)));
+    }
+    if (sent) {
+      outcome = await(*lane, *dealer, to, name, reply_type_id, env.correlation, deadline, done);
+    } else {
+      outcome = Clock::now() >= deadline ? Wait::kExpired : Wait::kFailed;
+    }
+  } catch (const zmq::error_t& e) {
+    // The context closing under a stop (ETERM).
+    lane->dealers.erase(to.id);
+    done.finish(stopped_.load() ? absl::CancelledError("bus.net: the node stopped")
+                                : absl::UnavailableError(absl::StrCat(
+                                      "bus.net: call to node '", to.name, "' failed: ", e.what())),
+                {});
+    outcome = Wait::kFailed;
+  }
+  std::lock_guard lock(mu_);
+  if (sent) {
+    ++counters_.request_frames;
+    ++counters_.direct_calls;
+    count(name, to.id, 1, 0, 0);
+  }
+  if (!stopped_.load(std::memory_order_relaxed)) idle_.push_back(std::move(lane));
+  // else: its sockets close here, on the thread that used them last
+  return outcome != Wait::kExpired;
+}
+
+DirectLanes::Wait DirectLanes::await(Lane& lane, zmq::socket_t& dealer, const DirectServer& to,
+                                     std::string_view name, uint64_t reply_type_id,
+                                     uint64_t correlation, Clock::time_point deadline,
+                                     PendingCall& done) {
+  for (;;) {
+    while (recv(dealer, lane.parts)) {
+      if (on_reply(lane, lane.parts, to, name, reply_type_id, correlation, done)) {
+        return Wait::kAnswered;
+      }
+    }
+    auto now = Clock::now();
+    if (now >= deadline) return Wait::kExpired;
+    if (absl::Status why = gone(to); !why.ok()) {
+      fail(why, done);
+      return Wait::kFailed;
+    }
+    zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+    // Rounded up: a wait that ends a little before the deadline would only poll again.
+    auto wait = std::min<milliseconds>(
+        kDirectSlice, duration_cast<milliseconds>(deadline - now) + milliseconds(1));
+    zmq::poll(&item, 1, wait);
+  }
+}
+
+bool DirectLanes::on_reply(Lane& lane, Parts& parts, const DirectServer& from,
+                           std::string_view name, uint64_t reply_type_id, uint64_t correlation,
+                           PendingCall& done) {
+  auto malformed = [&](const absl::Status& /*why*/) {
+    std::lock_guard lock(mu_);
+    ++counters_.malformed_frames;
+    return false;
+  };
+  if (parts.size() != 3) return malformed(absl::InvalidArgumentError("part count"));
+  absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[1].data(), parts[1].size());
+  if (!env.ok()) return malformed(env.status());
+  if (env->kind != wire::Envelope::Kind::REPLY) {
+    return malformed(absl::InvalidArgumentError("not a reply"));
+  }
+  // One reply, or a batch (a late reply to an abandoned call can share a frame with ours).
+  if (env->items.empty()) env->items.push_back({env->correlation, 0, env->code, env->detail});
+  uint32_t with_payload = 0;
+  std::size_t at = 0;
+  const BatchItem* ours = nullptr;
+  for (const BatchItem& item : env->items) {
+    if (item.correlation == correlation && ours == nullptr) {
+      ours = &item;
+      at = with_payload;
+    }
+    with_payload += item.code == 0 ? 1 : 0;
+  }
+  {
+    std::lock_guard lock(mu_);
+    counters_.late_replies += env->items.size() - (ours != nullptr ? 1 : 0);
+  }
+  if (ours == nullptr) return false;
+  if (ours->code != 0) {
+    {
+      std::lock_guard lock(mu_);
+      count(name, from.id, 0, 1, 0);
+    }
+    done.finish(status_from(ours->code, ours->detail), {});
+    return true;
+  }
+  absl::Status bad = lane.payloads.parse(parts[2].data(), parts[2].size(), with_payload, limits_);
+  if (bad.ok() && env->type_id != reply_type_id) {
+    bad = absl::InvalidArgumentError(absl::StrCat("reply type id ", absl::Hex(env->type_id),
+                                                  " is not the endpoint's (",
+                                                  absl::Hex(reply_type_id), ")"));
+  }
+  {
+    std::lock_guard lock(mu_);
+    count(name, from.id, 0, bad.ok() ? 1 : 0, bad.ok() ? 0 : 1);
+  }
+  if (!bad.ok()) {
+    done.finish(absl::InternalError(absl::StrCat("bus.net: bad reply from node ", from.id, " on '",
+                                                 sv(name), "': ", bad.message())),
+                {});
+    return true;
+  }
+  done.finish(absl::OkStatus(), lane.payloads.items()[at]);
+  return true;
+}
+
+}  // namespace bus::net::detail

@@ -1,0 +1,103 @@
+// Requests sent and answered on the calling thread (DirectCalls): Bus::call from a plain thread
+// to another node's server, without the bridge thread in the way.
+#pragma once
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/status/status.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "bus/net/detail/channels.hpp"
+#include "bus/net/options.hpp"
+#include "bus/net/stats.hpp"
+#include "wire.hpp"
+
+namespace bus::net::detail {
+
+using Parts = std::vector<zmq::message_t>;
+/// Reads one multipart message without waiting (false: none), keeping at most `max_parts`.
+bool recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts = 5);
+/// A DEALER toward a node's ROUTER (`server_key`: its CURVE public key, when `opt` is secure).
+std::unique_ptr<zmq::socket_t> make_dealer(zmq::context_t& ctx, const NodeOptions& opt,
+                                           const std::string& server_key);
+
+/// A live node serving an endpoint, as the bridge last saw it.
+struct DirectServer {
+  uint64_t id = 0;
+  std::string name;
+  std::string request_endpoint;
+  std::string public_key;
+};
+
+/// The lanes of one node. The bridge thread tells them which nodes serve what (set_servers) and
+/// which went away (peer_gone); any thread calls. A caller takes an idle lane (or a new one)
+/// for the length of its call, so each lane's sockets are used by one thread at a time, and
+/// gives it back after: there are as many lanes as threads ever called at once.
+class DirectLanes final : public DirectCalls {
+ public:
+  DirectLanes(zmq::context_t& ctx, const NodeOptions& options, uint64_t node_id, Limits limits);
+  ~DirectLanes() override;
+
+  bool call(std::string_view name, uint64_t type_id, uint64_t reply_type_id,
+            std::string_view payload, Clock::time_point deadline, PendingCall& done) override;
+
+  // ---- bridge thread -------------------------------------------------------------------------
+
+  /// The live servers of each imported endpoint, by name (the node imports a name with one
+  /// pair of types, and only nodes serving it with those are listed).
+  void set_servers(absl::flat_hash_map<std::string, std::vector<DirectServer>> servers);
+  /// Node `id` is gone: calls waiting on it fail with `why` (within kDirectSlice).
+  void peer_gone(uint64_t id, const absl::Status& why);
+  /// No more calls: those waiting fail with Cancelled (within kDirectSlice), idle lanes close
+  /// their sockets now and busy ones when their call ends. Before the context is closed.
+  void stop();
+  /// Adds the lanes' counters and traffic rows to `s` (rows: (channel, peer) as the bridge's).
+  void add_to(NodeStats& s) const;
+
+ private:
+  struct Lane;
+  struct Servers {
+    uint64_t generation = 0;
+    absl::flat_hash_map<std::string, std::vector<DirectServer>> by_endpoint;
+  };
+  enum class Wait { kAnswered, kExpired, kFailed };
+
+  /// Waits on `dealer` for the answer to `correlation`; kFailed when the node went or stopped
+  /// (`done` was told).
+  Wait await(Lane& lane, zmq::socket_t& dealer, const DirectServer& to, std::string_view name,
+             uint64_t reply_type_id, uint64_t correlation, Clock::time_point deadline,
+             PendingCall& done);
+  /// Reads one reply frame; true when it answered `correlation` (`done` was told).
+  bool on_reply(Lane& lane, std::vector<zmq::message_t>& parts, const DirectServer& from,
+                std::string_view name, uint64_t reply_type_id, uint64_t correlation,
+                PendingCall& done);
+  /// Why `server` can no longer answer (peer gone, the node stopped); OK while it can.
+  absl::Status gone(const DirectServer& server) const;
+  /// Tells `done` it failed with `why` (counted when its node is gone).
+  void fail(const absl::Status& why, PendingCall& done);
+  void count(std::string_view name, uint64_t peer, uint64_t sent, uint64_t received,
+             uint64_t rejected);
+
+  zmq::context_t& ctx_;
+  const NodeOptions options_;
+  const uint64_t node_id_;
+  const Limits limits_;
+  std::atomic<bool> stopped_{false};
+
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Lane>> idle_;                 // under mu_
+  std::shared_ptr<const Servers> servers_;                  // under mu_
+  std::deque<std::pair<uint64_t, absl::Status>> gone_;      // under mu_: recent, bounded
+  absl::flat_hash_map<std::string, uint32_t> round_robin_;  // under mu_
+  absl::flat_hash_map<std::pair<std::string, uint64_t>, ChannelTraffic> traffic_;  // under mu_
+  NodeStats counters_;  // under mu_: late_replies, calls_peer_gone, request_frames, malformed...
+};
+
+}  // namespace bus::net::detail
