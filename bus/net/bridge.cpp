@@ -294,6 +294,7 @@ void Bridge::loop() {
       if (fds[i].revents != 0) ready[i] = true;
     }
     std::size_t work = 0;
+    std::size_t read_work = 0;  // of `work`, messages read from the network
     bool handed_over = false;
 
     if (fds[0].revents & POLLIN) {
@@ -348,7 +349,8 @@ void Bridge::loop() {
             },
             [&] { on_dealer(parts); });
       }
-      work += messages_read_ - read_before;
+      read_work = messages_read_ - read_before;
+      work += read_work;
       handed_over = messages_read_ != read_before;
     }
     // What this pass read is now in local executors' rings: on a shared CPU, let them run it
@@ -386,14 +388,15 @@ void Bridge::loop() {
     // While traffic flows, stay awake: poll without blocking and keep the inbox awake, so local
     // publishers do not pay an eventfd write (and we a wake-up) per message, and what arrives
     // between passes goes out together. After kSpin without work, drain once more the normal
-    // way (re-arming the eventfd) and block in poll again. Traffic flows when a pass found more
-    // than one message or came within kSpin of the last work; a lone message after a longer
-    // quiet (a request, its reply) is not followed by a spin: on a core shared with ZeroMQ's I/O
-    // thread and the caller, spinning for an answer that is tens of microseconds away only
-    // delays it.
+    // way (re-arming the eventfd) and block in poll again. Any work from the inbox starts the
+    // spin (local publishers are a stream more often than not, and a pass after the core ran
+    // other threads may find just one of their messages); so does more than one message read,
+    // or one within kSpin of the last work. A lone message read after a longer quiet does not:
+    // a request served in the same pass (Node::serve), or a reply, is usually all there is, and
+    // on a core shared with ZeroMQ's I/O thread spinning only delays what it must send.
     if (work > 0) {
       const auto at = Clock::now();
-      if (work > 1 || at - last_work < kSpin) awake = true;
+      if (work > 1 || read_work < work || at - last_work < kSpin) awake = true;
       last_work = at;
     } else if (awake) {
       if (Clock::now() - last_work > kSpin) {

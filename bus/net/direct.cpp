@@ -130,7 +130,11 @@ void DirectLanes::add_to(NodeStats& s) const {
 
 void DirectLanes::count(std::string_view name, uint64_t peer, uint64_t sent, uint64_t received,
                         uint64_t rejected) {
-  // under mu_
+  // under mu_. A call that ends after its node was given up on counts in the "gone" row, as
+  // peer_gone() folded that node's rows: the table stays bounded as nodes come and go.
+  for (const auto& g : gone_) {
+    if (g.first == peer) peer = 0;
+  }
   ChannelTraffic& t = traffic_[{std::string(name), peer}];
   if (t.channel.empty()) {
     t.channel = std::string(name);
