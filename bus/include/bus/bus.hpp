@@ -186,7 +186,8 @@ class Bus {
   }
 
   /// Blocks the calling plain thread until the reply or the deadline. Refused (FailedPrecondition)
-  /// on an executor and on a node's bridge thread.
+  /// on an executor and on a node's bridge thread. To another node's server, the request leaves
+  /// from this thread and the reply is read here (bus::net::Node), not through the bridge.
   template <class Req, class Rep, MessageOf<Req> R>
   absl::StatusOr<Rep> call(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout);
 
