@@ -344,7 +344,7 @@ class Bridge final : public Link {
   std::size_t backlogged_ = 0;                                 // messages in peers' backlogs
   absl::flat_hash_map<std::string, std::size_t> subscribers_;  // remote ones, through XPUB
   absl::flat_hash_set<std::string> subscribed_;  // imported topics our SUB subscribes to
-  absl::flat_hash_map<std::pair<std::string, uint64_t>, ChannelTraffic> traffic_;
+  TrafficRows traffic_;
   absl::flat_hash_set<std::string> logged_;
   NodeStats counters_;
   std::vector<std::pair<uint64_t, Clock::time_point>> goodbyes_;  // leaving nodes we confirm

@@ -556,20 +556,7 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why) {
   }
   peers_.erase(it);
   next_seq_.erase(id);
-  // Fold its traffic into the "gone" rows so the table stays bounded as nodes come and go.
-  std::vector<std::pair<std::string, uint64_t>> rows;
-  for (auto& [key, t] : traffic_) {
-    if (key.second == id) rows.push_back(key);
-  }
-  for (auto& key : rows) {
-    ChannelTraffic t = traffic_[key];
-    traffic_.erase(key);
-    ChannelTraffic& gone = traffic(key.first, 0);
-    gone.sent += t.sent;
-    gone.received += t.received;
-    gone.gaps += t.gaps;
-    gone.rejected += t.rejected;
-  }
+  fold_gone(traffic_, id);
   update_reachability();
   for (CallBatch& b : unsent) {
     for (auto& c : b.calls) {
@@ -650,12 +637,7 @@ bool Bridge::allowed(const std::string& key) const {
 uint64_t Bridge::known(uint64_t sender) const { return peers_.contains(sender) ? sender : 0; }
 
 ChannelTraffic& Bridge::traffic(const std::string& channel, uint64_t peer) {
-  auto [it, fresh] = traffic_.try_emplace(std::make_pair(channel, peer));
-  if (fresh) {
-    it->second.channel = channel;
-    it->second.peer = peer;
-  }
-  return it->second;
+  return row(traffic_, channel, peer);
 }
 
 void Bridge::log_once(const std::string& key, const std::string& what) {

@@ -53,6 +53,31 @@ std::unique_ptr<zmq::socket_t> make_dealer(zmq::context_t& ctx, const NodeOption
   return d;
 }
 
+ChannelTraffic& row(TrafficRows& rows, const std::string& channel, uint64_t peer) {
+  auto [it, fresh] = rows.try_emplace(std::make_pair(channel, peer));
+  if (fresh) {
+    it->second.channel = channel;
+    it->second.peer = peer;
+  }
+  return it->second;
+}
+
+void fold_gone(TrafficRows& rows, uint64_t peer) {
+  std::vector<std::pair<std::string, uint64_t>> keys;
+  for (auto& [key, t] : rows) {
+    if (key.second == peer) keys.push_back(key);
+  }
+  for (auto& key : keys) {
+    ChannelTraffic t = rows[key];
+    rows.erase(key);
+    ChannelTraffic& gone = row(rows, key.first, 0);
+    gone.sent += t.sent;
+    gone.received += t.received;
+    gone.gaps += t.gaps;
+    gone.rejected += t.rejected;
+  }
+}
+
 struct DirectLanes::Lane {
   uint64_t generation = 0;  // of the servers its dealers were last checked against
   absl::flat_hash_map<uint64_t, std::unique_ptr<zmq::socket_t>> dealers;  // by node id
@@ -83,20 +108,7 @@ void DirectLanes::peer_gone(uint64_t id, const absl::Status& why) {
   std::lock_guard lock(mu_);
   gone_.emplace_back(id, why);
   if (gone_.size() > kGoneKept) gone_.pop_front();
-  // Its rows fold into the "gone" ones, as the bridge's do.
-  std::vector<std::pair<std::string, uint64_t>> rows;
-  for (auto& [key, t] : traffic_) {
-    if (key.second == id) rows.push_back(key);
-  }
-  for (auto& key : rows) {
-    ChannelTraffic t = traffic_[key];
-    traffic_.erase(key);
-    ChannelTraffic& g = traffic_[{key.first, 0}];
-    g.channel = key.first;
-    g.sent += t.sent;
-    g.received += t.received;
-    g.rejected += t.rejected;
-  }
+  fold_gone(traffic_, id);  // as the bridge does with its own rows
 }
 
 void DirectLanes::stop() {
@@ -135,11 +147,7 @@ void DirectLanes::count(std::string_view name, uint64_t peer, uint64_t sent, uin
   for (const auto& g : gone_) {
     if (g.first == peer) peer = 0;
   }
-  ChannelTraffic& t = traffic_[{std::string(name), peer}];
-  if (t.channel.empty()) {
-    t.channel = std::string(name);
-    t.peer = peer;
-  }
+  ChannelTraffic& t = row(traffic_, std::string(name), peer);
   t.sent += sent;
   t.received += received;
   t.rejected += rejected;

@@ -28,6 +28,14 @@ bool recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts = 5);
 std::unique_ptr<zmq::socket_t> make_dealer(zmq::context_t& ctx, const NodeOptions& opt,
                                            const std::string& server_key);
 
+/// Traffic counted per (channel, peer).
+using TrafficRows = absl::flat_hash_map<std::pair<std::string, uint64_t>, ChannelTraffic>;
+/// The row of (`channel`, `peer`), made when new.
+ChannelTraffic& row(TrafficRows& rows, const std::string& channel, uint64_t peer);
+/// Folds `peer`'s rows into the "gone" rows (peer 0), so that the table stays bounded as nodes
+/// come and go.
+void fold_gone(TrafficRows& rows, uint64_t peer);
+
 /// A live node serving an endpoint, as the bridge last saw it.
 struct DirectServer {
   uint64_t id = 0;
@@ -96,7 +104,7 @@ class DirectLanes final : public DirectCalls {
   std::shared_ptr<const Servers> servers_;                  // under mu_
   std::deque<std::pair<uint64_t, absl::Status>> gone_;      // under mu_: recent, bounded
   absl::flat_hash_map<std::string, uint32_t> round_robin_;  // under mu_
-  absl::flat_hash_map<std::pair<std::string, uint64_t>, ChannelTraffic> traffic_;  // under mu_
+  TrafficRows traffic_;  // under mu_
   NodeStats counters_;  // under mu_: late_replies, calls_peer_gone, request_frames, malformed...
 };
 

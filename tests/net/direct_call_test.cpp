@@ -7,16 +7,16 @@
 #include <atomic>
 #include <bus/net/node.hpp>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "support/node_support.hpp"
 #include "support/test_support.hpp"
 
 using namespace std::chrono_literals;
 using bus::Message;
-using bus::net::Node;
-using bus::net::NodeOptions;
 
 namespace {
 
@@ -39,42 +39,48 @@ std::string sensor_of(const StatsReply& rep) {
   return rep->getSensors().size() == 1 ? rep->getSensors()[0].getSensor().cStr() : "";
 }
 
-NodeOptions local(const char* name) {
-  return NodeOptions()
-      .name(name)
-      .publish_on("tcp://127.0.0.1:*")
-      .requests_on("tcp://127.0.0.1:*")
-      .heartbeat(50ms, 40);  // no test here needs a quick death; a sanitized node misses beats
-}
-
-/// A server node (one executor: its requests are answered in order) and a client node.
-struct Pair {
-  bus::Bus server_bus{bus::Options().executors(1)};
-  bus::Bus client_bus{bus::Options().executors(1)};
-  Node server{server_bus, local("server")};
-  Node client{client_bus, local("client")};
-  Pair() {
-    server.peer(client.publish_endpoint());
-    client.peer(server.publish_endpoint());
-    server.export_endpoint(echo_ep);
-    client.import_endpoint(echo_ep);
+/// "a" serves (one executor: its requests are answered in order), "b" calls.
+struct Pair : bus_test::NodePair {
+  Pair() : NodePair(1) {
+    a.export_endpoint(echo_ep);
+    b.import_endpoint(echo_ep);
   }
 };
+
+/// A call from a thread of its own to a server that holds it until the test ends; `interrupt`
+/// runs once the server has the request. Returns what the call returned.
+absl::StatusOr<StatsReply> interrupted_call(Pair& p, const std::function<void()>& interrupt) {
+  bus_test::Gate gate;
+  std::atomic<bool> started{false};
+  auto server = p.bus_a.serve(echo_ep, [&](StatsRequest&& req) {
+    started.store(true);
+    gate.wait();
+    return echo(std::move(req));
+  });
+  bus_test::OpenOnExit open{gate};
+  EXPECT_TRUE(p.b.wait_for_server(echo_ep.name(), 10s));
+  absl::StatusOr<StatsReply> rep = absl::UnknownError("not answered");
+  std::thread caller([&] { rep = p.bus_b.call(echo_ep, ask("x"), 120s); });
+  EXPECT_TRUE(bus_test::eventually([&] { return started.load(); }));
+  interrupt();
+  caller.join();
+  return rep;
+}
 
 }  // namespace
 
 TEST(DirectCall, APlainThreadsCallsGoStraightToTheServerAndAreCounted) {
   Pair p;
-  auto server = p.server_bus.serve(echo_ep, echo);
-  ASSERT_TRUE(p.client.wait_for_server(echo_ep.name(), 10s));
+  auto server = p.bus_a.serve(echo_ep, echo);
+  ASSERT_TRUE(p.b.wait_for_server(echo_ep.name(), 10s));
   constexpr int kN = 50;
   for (int i = 0; i < kN; ++i) {
     std::string sensor = "s" + std::to_string(i);
-    absl::StatusOr<StatsReply> rep = p.client_bus.call(echo_ep, ask(sensor), 10s);
+    absl::StatusOr<StatsReply> rep = p.bus_b.call(echo_ep, ask(sensor), 10s);
     ASSERT_TRUE(rep.ok()) << rep.status();
     EXPECT_EQ(sensor_of(*rep), sensor);
   }
-  bus::net::NodeStats s = p.client.stats();
+  bus::net::NodeStats s = p.b.stats();
   EXPECT_EQ(s.direct_calls, static_cast<uint64_t>(kN));
   EXPECT_EQ(s.request_frames, static_cast<uint64_t>(kN));
   bus::net::ChannelTraffic t = s.channel(echo_ep.name());
@@ -84,19 +90,18 @@ TEST(DirectCall, APlainThreadsCallsGoStraightToTheServerAndAreCounted) {
   // The rows name the server, as the bridge's own rows do.
   bool named = false;
   for (const auto& row : s.traffic) {
-    if (row.channel == echo_ep.name() && row.peer == p.server.id())
-      named = row.peer_name == "server";
+    if (row.channel == echo_ep.name() && row.peer == p.a.id()) named = row.peer_name == "a";
   }
   EXPECT_TRUE(named);
   // The server saw them as requests from the client node.
-  EXPECT_EQ(p.server.stats().channel(echo_ep.name()).received, static_cast<uint64_t>(kN));
+  EXPECT_EQ(p.a.stats().channel(echo_ep.name()).received, static_cast<uint64_t>(kN));
   // Handler errors keep their status on this path too.
-  auto failing = p.server_bus.serve(echo_ep, [](StatsRequest&&) -> absl::StatusOr<StatsReply> {
+  auto failing = p.bus_a.serve(echo_ep, [](StatsRequest&&) -> absl::StatusOr<StatsReply> {
     return absl::NotFoundError("no such sensor");
   });
   bool saw_error = false;
   for (int i = 0; i < 20 && !saw_error; ++i) {  // round-robin with the echo server
-    absl::StatusOr<StatsReply> rep = p.client_bus.call(echo_ep, ask("x"), 10s);
+    absl::StatusOr<StatsReply> rep = p.bus_b.call(echo_ep, ask("x"), 10s);
     if (!rep.ok()) {
       EXPECT_EQ(rep.status().code(), absl::StatusCode::kNotFound);
       EXPECT_EQ(rep.status().message(), "no such sensor");
@@ -110,31 +115,31 @@ TEST(DirectCall, ALateReplyIsSkippedAndTheNextCallGetsItsOwnAnswer) {
   bus_test::Gate gate;
   Pair p;
   std::atomic<int> handled{0};
-  auto server = p.server_bus.serve(echo_ep, [&](StatsRequest&& req) {
+  auto server = p.bus_a.serve(echo_ep, [&](StatsRequest&& req) {
     if (handled.fetch_add(1) == 0) gate.wait();  // the first request waits for the gate
     return echo(std::move(req));
   });
   bus_test::OpenOnExit open{gate};
-  ASSERT_TRUE(p.client.wait_for_server(echo_ep.name(), 10s));
-  absl::StatusOr<StatsReply> first = p.client_bus.call(echo_ep, ask("first"), 200ms);
+  ASSERT_TRUE(p.b.wait_for_server(echo_ep.name(), 10s));
+  absl::StatusOr<StatsReply> first = p.bus_b.call(echo_ep, ask("first"), 200ms);
   ASSERT_FALSE(first.ok());
   EXPECT_EQ(first.status().code(), absl::StatusCode::kDeadlineExceeded);
   gate.open();
   // The same thread, so the same lane: the answer to "first" comes before this one's (one
   // executor answers in order) and must not be taken for it.
-  absl::StatusOr<StatsReply> second = p.client_bus.call(echo_ep, ask("second"), 10s);
+  absl::StatusOr<StatsReply> second = p.bus_b.call(echo_ep, ask("second"), 10s);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(sensor_of(*second), "second");
-  EXPECT_EQ(p.client.stats().late_replies, 1u);
-  absl::StatusOr<StatsReply> third = p.client_bus.call(echo_ep, ask("third"), 10s);
+  EXPECT_EQ(p.b.stats().late_replies, 1u);
+  absl::StatusOr<StatsReply> third = p.bus_b.call(echo_ep, ask("third"), 10s);
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(sensor_of(*third), "third");
 }
 
 TEST(DirectCall, ManyThreadsCallAtOnceAndEachGetsItsOwnAnswers) {
   Pair p;
-  auto server = p.server_bus.serve(echo_ep, echo);
-  ASSERT_TRUE(p.client.wait_for_server(echo_ep.name(), 10s));
+  auto server = p.bus_a.serve(echo_ep, echo);
+  ASSERT_TRUE(p.b.wait_for_server(echo_ep.name(), 10s));
   constexpr int kThreads = 8, kCalls = 100;
   std::atomic<int> right{0}, wrong{0};
   std::vector<std::thread> callers;
@@ -142,7 +147,7 @@ TEST(DirectCall, ManyThreadsCallAtOnceAndEachGetsItsOwnAnswers) {
     callers.emplace_back([&, t] {
       for (int i = 0; i < kCalls; ++i) {
         std::string sensor = std::to_string(t) + "/" + std::to_string(i);
-        absl::StatusOr<StatsReply> rep = p.client_bus.call(echo_ep, ask(sensor), 30s);
+        absl::StatusOr<StatsReply> rep = p.bus_b.call(echo_ep, ask(sensor), 30s);
         (rep.ok() && sensor_of(*rep) == sensor ? right : wrong).fetch_add(1);
       }
     });
@@ -150,47 +155,22 @@ TEST(DirectCall, ManyThreadsCallAtOnceAndEachGetsItsOwnAnswers) {
   for (auto& c : callers) c.join();
   EXPECT_EQ(right.load(), kThreads * kCalls);
   EXPECT_EQ(wrong.load(), 0);
-  EXPECT_EQ(p.client.stats().direct_calls, static_cast<uint64_t>(kThreads * kCalls));
+  EXPECT_EQ(p.b.stats().direct_calls, static_cast<uint64_t>(kThreads * kCalls));
 }
 
 TEST(DirectCall, StoppingTheCallersNodeCancelsACallInFlight) {
-  bus_test::Gate gate;
   Pair p;
-  std::atomic<bool> started{false};
-  auto server = p.server_bus.serve(echo_ep, [&](StatsRequest&& req) {
-    started.store(true);
-    gate.wait();
-    return echo(std::move(req));
-  });
-  bus_test::OpenOnExit open{gate};
-  ASSERT_TRUE(p.client.wait_for_server(echo_ep.name(), 10s));
-  absl::StatusOr<StatsReply> rep = absl::UnknownError("not answered");
-  std::thread caller([&] { rep = p.client_bus.call(echo_ep, ask("x"), 60s); });
-  ASSERT_TRUE(bus_test::eventually([&] { return started.load(); }));
-  p.client.stop();
-  caller.join();
+  absl::StatusOr<StatsReply> rep = interrupted_call(p, [&] { p.b.stop(); });
   ASSERT_FALSE(rep.ok());
   EXPECT_EQ(rep.status().code(), absl::StatusCode::kCancelled) << rep.status();
   // A call after the stop does not go anywhere.
-  EXPECT_FALSE(p.client_bus.call(echo_ep, ask("y"), 1s).ok());
+  EXPECT_FALSE(p.bus_b.call(echo_ep, ask("y"), 1s).ok());
 }
 
 TEST(DirectCall, ACallWaitingOnANodeThatLeavesFailsAtOnce) {
-  bus_test::Gate gate;
   Pair p;
-  std::atomic<bool> started{false};
-  auto server = p.server_bus.serve(echo_ep, [&](StatsRequest&& req) {
-    started.store(true);
-    gate.wait();
-    return echo(std::move(req));
-  });
-  bus_test::OpenOnExit open{gate};
-  ASSERT_TRUE(p.client.wait_for_server(echo_ep.name(), 10s));
-  absl::StatusOr<StatsReply> rep = absl::UnknownError("not answered");
-  std::thread caller([&] { rep = p.client_bus.call(echo_ep, ask("x"), 120s); });
-  ASSERT_TRUE(bus_test::eventually([&] { return started.load(); }));
-  p.server.stop();  // says goodbye; its handler is still busy
-  caller.join();
+  // The server node says goodbye while its handler is still busy.
+  absl::StatusOr<StatsReply> rep = interrupted_call(p, [&] { p.a.stop(); });
   ASSERT_FALSE(rep.ok());
   // "peer gone" (its goodbye reached the client first) or the server's own Cancelled answer
   // for a request it could no longer serve: either way not the deadline.

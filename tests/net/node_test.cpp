@@ -21,6 +21,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "support/node_support.hpp"
 #include "support/test_support.hpp"
 
 using namespace std::chrono_literals;
@@ -53,25 +54,8 @@ StatsRequest ask(const char* sensor = "") {
   return bus::build<demo::StatsRequest>([&](auto r) { r.setSensor(sensor); });
 }
 
-NodeOptions local(const char* name) {
-  return NodeOptions()
-      .name(name)
-      .publish_on("tcp://127.0.0.1:*")
-      .requests_on("tcp://127.0.0.1:*")
-      .heartbeat(50ms, 40);  // no test here needs a quick death; a sanitized node misses beats
-}
-
-/// Two nodes that listen to each other.
-struct Pair {
-  bus::Bus bus_a{bus::Options().executors(2)};
-  bus::Bus bus_b{bus::Options().executors(2)};
-  Node a{bus_a, local("a")};
-  Node b{bus_b, local("b")};
-  Pair() {
-    a.peer(b.publish_endpoint());
-    b.peer(a.publish_endpoint());
-  }
-};
+using bus_test::local_node;
+using Pair = bus_test::NodePair;
 
 /// Makes `n` requests to stats_ep at once, from executor 0 of `bus`: request i asks for sensor
 /// `sensor(i)` within `timeout(i)`. Returns the answers in request order once all came (one that
@@ -660,7 +644,7 @@ TEST(Node, QueueMessagesReachARemoteConsumerOnce) {
 TEST(Node, ThreeNodesFanOutAndRoundRobinRequests) {
   bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)},
       bc{bus::Options().executors(1)};
-  Node a{ba, local("a")}, b{bb, local("b")}, c{bc, local("c")};
+  Node a{ba, local_node("a")}, b{bb, local_node("b")}, c{bc, local_node("c")};
   for (Node* n : {&a, &b, &c}) {
     for (Node* m : {&a, &b, &c}) {
       if (n != m) n->peer(m->publish_endpoint());
@@ -714,13 +698,14 @@ TEST(Node, CurveAllowsListedKeysOnly) {
        kx = bus::net::CurveKeys::generate();
   bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)},
       bx{bus::Options().executors(1)};
-  Node a{ba, local("a").curve(ka, {kb.public_key})};
-  Node b{bb, local("b").curve(kb, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
-  Node x{bx,
-         local("intruder").curve(kx, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
+  Node a{ba, local_node("a").curve(ka, {kb.public_key})};
+  Node b{bb, local_node("b").curve(kb, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
+  Node x{
+      bx,
+      local_node("intruder").curve(kx, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
   // And a node without keys at all.
   bus::Bus by{bus::Options().executors(1)};
-  Node y{by, local("plain").peer(a.publish_endpoint())};
+  Node y{by, local_node("plain").peer(a.publish_endpoint())};
   a.export_topic(readings);
   b.import_topic(readings);
   x.import_topic(readings);
@@ -740,8 +725,8 @@ TEST(Node, CurveAllowsListedKeysOnly) {
 
 TEST(Node, StoppingAPublisherDeliversEverythingItAccepted) {
   bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)};
-  auto a = std::make_unique<Node>(ba, local("a"));
-  Node b{bb, local("b").peer(a->publish_endpoint())};
+  auto a = std::make_unique<Node>(ba, local_node("a"));
+  Node b{bb, local_node("b").peer(a->publish_endpoint())};
   a->peer(b.publish_endpoint());
   a->export_topic(readings);
   b.import_topic(readings);
@@ -775,7 +760,7 @@ TEST(Node, AStalledSubscriberHoldsThePublisherBackWithoutSpinningThenItsBatchIsD
   // dropped and counted (the subscriber sees the gap in the sequence numbers).
   const bus::Topic<Reading> bulky{"test.net.bulky"};
   bus::Bus ba{bus::Options().executors(1)};
-  Node a{ba, local("a").send_stall_limit(2s)};
+  Node a{ba, local_node("a").send_stall_limit(2s)};
   a.export_topic(bulky);
   zmq::context_t ctx;
   zmq::socket_t raw(ctx, zmq::socket_type::sub);
@@ -826,7 +811,7 @@ TEST(Node, AStalledSubscriberHoldsThePublisherBackWithoutSpinningThenItsBatchIsD
 
 TEST(Node, ALeavingNodeIsForgottenWithoutWaitingForItsHeartbeats) {
   // Heartbeats so rare that only the goodbye can explain the peer disappearing in time.
-  auto slow = [](const char* name) { return local(name).heartbeat(10s, 100); };
+  auto slow = [](const char* name) { return local_node(name).heartbeat(10s, 100); };
   bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)};
   auto a = std::make_unique<Node>(ba, slow("a"));
   Node b{bb, slow("b").peer(a->publish_endpoint())};

@@ -1,0 +1,36 @@
+// Helpers shared by the bridge's tests: nodes on 127.0.0.1, each on its own bus.
+#pragma once
+
+#include <bus/bus.hpp>
+#include <bus/net/node.hpp>
+#include <chrono>
+
+namespace bus_test {
+
+/// A node on 127.0.0.1 with ports the system picks.
+inline bus::net::NodeOptions local_node(const char* name) {
+  using namespace std::chrono_literals;
+  return bus::net::NodeOptions()
+      .name(name)
+      .publish_on("tcp://127.0.0.1:*")
+      .requests_on("tcp://127.0.0.1:*")
+      .heartbeat(50ms, 40);  // no test here needs a quick death; a sanitized node misses beats
+}
+
+/// Two nodes that listen to each other, "a" on bus_a and "b" on bus_b.
+struct NodePair {
+  explicit NodePair(unsigned executors = 2)
+      : bus_a(bus::Options().executors(executors)),
+        bus_b(bus::Options().executors(executors)),
+        a(bus_a, local_node("a")),
+        b(bus_b, local_node("b")) {
+    a.peer(b.publish_endpoint());
+    b.peer(a.publish_endpoint());
+  }
+  bus::Bus bus_a;
+  bus::Bus bus_b;
+  bus::net::Node a;
+  bus::net::Node b;
+};
+
+}  // namespace bus_test
