@@ -104,7 +104,7 @@ class DirectLanes final : public DirectCalls {
   std::shared_ptr<const Servers> servers_;                  // under mu_
   std::deque<std::pair<uint64_t, absl::Status>> gone_;      // under mu_: recent, bounded
   absl::flat_hash_map<std::string, uint32_t> round_robin_;  // under mu_
-  TrafficRows traffic_;  // under mu_
+  TrafficRows traffic_;                                     // under mu_
   NodeStats counters_;  // under mu_: late_replies, calls_peer_gone, request_frames, malformed...
 };
 
