@@ -178,3 +178,25 @@ TEST(DirectCall, ACallWaitingOnANodeThatLeavesFailsAtOnce) {
               rep.status().code() == absl::StatusCode::kCancelled)
       << rep.status();
 }
+
+TEST(DirectCall, ALaneTalksCurveWithTheNodesKeys) {
+  auto ka = bus::net::CurveKeys::generate(), kb = bus::net::CurveKeys::generate();
+  bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)};
+  bus::net::Node a{ba, bus_test::local_node("a").curve(ka, {kb.public_key})};
+  bus::net::Node b{bb, bus_test::local_node("b")
+                           .curve(kb, {ka.public_key})
+                           .peer(a.publish_endpoint(), ka.public_key)};
+  a.peer(b.publish_endpoint(), kb.public_key);
+  auto server = ba.serve(echo_ep, echo);
+  a.export_endpoint(echo_ep);
+  b.import_endpoint(echo_ep);
+  ASSERT_TRUE(b.wait_for_server(echo_ep.name(), 10s));
+  for (int i = 0; i < 20; ++i) {
+    std::string sensor = "c" + std::to_string(i);
+    absl::StatusOr<StatsReply> rep = bb.call(echo_ep, ask(sensor), 10s);
+    ASSERT_TRUE(rep.ok()) << rep.status();
+    EXPECT_EQ(sensor_of(*rep), sensor);
+  }
+  EXPECT_EQ(b.stats().direct_calls, 20u);
+  EXPECT_EQ(a.stats().auth_denied, 0u);
+}
