@@ -588,15 +588,20 @@ PeerState* Bridge::pick_peer(const Bridged& ch, bool endpoint) {
 }
 
 void Bridge::update_reachability() {
+  // The lanes learn the servers first: a call routed to a proxy as soon as it is reachable finds
+  // its servers there.
   absl::flat_hash_map<std::string, std::vector<DirectServer>> direct;
   for (Bridged* ch : imported_calls_) {
-    bool endpoint = ch->role == Bridged::Role::kImportEndpoint;
-    bool reachable = false;
+    if (ch->role != Bridged::Role::kImportEndpoint) continue;
     for (const auto& [id, p] : peers_) {
-      if (!serves(p, *ch, endpoint)) continue;
-      reachable = true;
-      if (endpoint) direct[ch->name].push_back({id, p.name, p.request_endpoint, p.public_key});
+      if (serves(p, *ch, true))
+        direct[ch->name].push_back({id, p.name, p.request_endpoint, p.public_key});
     }
+  }
+  lanes_->set_servers(std::move(direct));
+  for (Bridged* ch : imported_calls_) {
+    bool endpoint = ch->role == Bridged::Role::kImportEndpoint;
+    bool reachable = pick_peer(*ch, endpoint) != nullptr;
     if (!reachable) {
       for (auto& [id, p] : peers_) {
         for (const auto& s : p.serves) {
@@ -611,7 +616,6 @@ void Bridge::update_reachability() {
     }
     ch->set_reachable(*this, reachable);
   }
-  lanes_->set_servers(std::move(direct));
   changed();  // peers or what they serve changed
 }
 

@@ -106,7 +106,7 @@ void DirectLanes::set_servers(absl::flat_hash_map<std::string, std::vector<Direc
 
 void DirectLanes::peer_gone(uint64_t id, const absl::Status& why) {
   std::lock_guard lock(mu_);
-  gone_.emplace_back(id, why);
+  gone_.push_back({id, servers_->generation, why});
   if (gone_.size() > kGoneKept) gone_.pop_front();
   fold_gone(traffic_, id);  // as the bridge does with its own rows
 }
@@ -140,14 +140,12 @@ void DirectLanes::add_to(NodeStats& s) const {
   }
 }
 
-void DirectLanes::count(std::string_view name, uint64_t peer, uint64_t sent, uint64_t received,
-                        uint64_t rejected) {
+void DirectLanes::count(std::string_view name, const DirectServer& peer, uint64_t sent,
+                        uint64_t received, uint64_t rejected) {
   // under mu_. A call that ends after its node was given up on counts in the "gone" row, as
   // peer_gone() folded that node's rows: the table stays bounded as nodes come and go.
-  for (const auto& g : gone_) {
-    if (g.first == peer) peer = 0;
-  }
-  ChannelTraffic& t = row(traffic_, std::string(name), peer);
+  ChannelTraffic& t =
+      row(traffic_, std::string(name), gone_since_picked(peer) != nullptr ? 0 : peer.id);
   t.sent += sent;
   t.received += received;
   t.rejected += rejected;
@@ -161,15 +159,20 @@ void DirectLanes::fail(const absl::Status& why, PendingCall& done) {
   done.finish(why, {});
 }
 
+const absl::Status* DirectLanes::gone_since_picked(const DirectServer& server) const {
+  for (const Gone& g : gone_) {
+    if (g.id == server.id && g.generation >= server.picked_at) return &g.why;
+  }
+  return nullptr;
+}
+
 absl::Status DirectLanes::gone(const DirectServer& server) const {
   if (stopped_.load(std::memory_order_relaxed)) {
     return absl::CancelledError("bus.net: the node stopped");
   }
   std::lock_guard lock(mu_);
-  for (const auto& [id, why] : gone_) {
-    if (id == server.id) return why;
-  }
-  return absl::OkStatus();
+  const absl::Status* why = gone_since_picked(server);
+  return why != nullptr ? *why : absl::OkStatus();
 }
 
 bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_type_id,
@@ -202,6 +205,7 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
       return true;
     }
     to = it->second[round_robin_[it->first]++ % it->second.size()];
+    to.picked_at = servers->generation;
     if (idle_.empty()) {
       lane = std::make_unique<Lane>();
     } else {
@@ -238,6 +242,7 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
   }
   Wait outcome = Wait::kFailed;
   bool sent = false;
+  bool told = false;  // `done` has its answer
   try {
     zmq::socket_t* dealer = lane->dealers[to.id].get();
     EnvelopeFields env;
@@ -264,6 +269,7 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
       if (now >= deadline) break;
       if (absl::Status why = gone(to); !why.ok()) {
         fail(why, done);
+        told = true;
         break;
       }
       zmq::pollitem_t item{dealer->handle(), 0, ZMQ_POLLOUT, 0};
@@ -274,7 +280,7 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
     if (sent) {
       outcome = await(*lane, *dealer, to, name, reply_type_id, env.correlation, deadline, done);
     } else {
-      outcome = Clock::now() >= deadline ? Wait::kExpired : Wait::kFailed;
+      outcome = told ? Wait::kFailed : Wait::kExpired;
     }
   } catch (const zmq::error_t& e) {
     // The context closing under a stop (ETERM).
@@ -289,7 +295,7 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
   if (sent) {
     ++counters_.request_frames;
     ++counters_.direct_calls;
-    count(name, to.id, 1, 0, 0);
+    count(name, to, 1, 0, 0);
   }
   if (!stopped_.load(std::memory_order_relaxed)) idle_.push_back(std::move(lane));
   // else: its sockets close here, on the thread that used them last
@@ -354,7 +360,7 @@ bool DirectLanes::on_reply(Lane& lane, Parts& parts, const DirectServer& from,
   if (ours->code != 0) {
     {
       std::lock_guard lock(mu_);
-      count(name, from.id, 0, 1, 0);
+      count(name, from, 0, 1, 0);
     }
     done.finish(status_from(ours->code, ours->detail), {});
     return true;
@@ -367,7 +373,7 @@ bool DirectLanes::on_reply(Lane& lane, Parts& parts, const DirectServer& from,
   }
   {
     std::lock_guard lock(mu_);
-    count(name, from.id, 0, bad.ok() ? 1 : 0, bad.ok() ? 0 : 1);
+    count(name, from, 0, bad.ok() ? 1 : 0, bad.ok() ? 0 : 1);
   }
   if (!bad.ok()) {
     done.finish(absl::InternalError(absl::StrCat("bus.net: bad reply from node ", from.id, " on '",

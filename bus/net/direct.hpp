@@ -42,6 +42,7 @@ struct DirectServer {
   std::string name;
   std::string request_endpoint;
   std::string public_key;
+  uint64_t picked_at = 0;  // a call's copy: the generation of the servers it was picked from
 };
 
 /// The lanes of one node. The bridge thread tells them which nodes serve what (set_servers) and
@@ -86,11 +87,15 @@ class DirectLanes final : public DirectCalls {
   bool on_reply(Lane& lane, std::vector<zmq::message_t>& parts, const DirectServer& from,
                 std::string_view name, uint64_t reply_type_id, uint64_t correlation,
                 PendingCall& done);
-  /// Why `server` can no longer answer (peer gone, the node stopped); OK while it can.
+  /// Why `server` can no longer answer (peer gone since it was picked, the node stopped); OK
+  /// while it can.
   absl::Status gone(const DirectServer& server) const;
+  /// Under mu_: the gone_ entry of `server`'s node given up on since it was picked, if any (a
+  /// node that comes back keeps its id: calls picked after that do not see the old entry).
+  const absl::Status* gone_since_picked(const DirectServer& server) const;
   /// Tells `done` it failed with `why` (counted when its node is gone).
   void fail(const absl::Status& why, PendingCall& done);
-  void count(std::string_view name, uint64_t peer, uint64_t sent, uint64_t received,
+  void count(std::string_view name, const DirectServer& peer, uint64_t sent, uint64_t received,
              uint64_t rejected);
 
   zmq::context_t& ctx_;
@@ -100,9 +105,14 @@ class DirectLanes final : public DirectCalls {
   std::atomic<bool> stopped_{false};
 
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Lane>> idle_;                 // under mu_
-  std::shared_ptr<const Servers> servers_;                  // under mu_
-  std::deque<std::pair<uint64_t, absl::Status>> gone_;      // under mu_: recent, bounded
+  std::vector<std::unique_ptr<Lane>> idle_;  // under mu_
+  std::shared_ptr<const Servers> servers_;   // under mu_
+  struct Gone {
+    uint64_t id;
+    uint64_t generation;  // of the servers when it went
+    absl::Status why;
+  };
+  std::deque<Gone> gone_;                                   // under mu_: recent, bounded
   absl::flat_hash_map<std::string, uint32_t> round_robin_;  // under mu_
   TrafficRows traffic_;                                     // under mu_
   NodeStats counters_;  // under mu_: late_replies, calls_peer_gone, request_frames, malformed...

@@ -114,19 +114,21 @@ TEST(DirectCall, APlainThreadsCallsGoStraightToTheServerAndAreCounted) {
 TEST(DirectCall, ALateReplyIsSkippedAndTheNextCallGetsItsOwnAnswer) {
   bus_test::Gate gate;
   Pair p;
+  bus_test::OpenOnExit open{gate};  // (declared after the nodes: opens before they stop)
   std::atomic<int> handled{0};
-  auto server = p.bus_a.serve(echo_ep, [&](StatsRequest&& req) {
-    if (handled.fetch_add(1) == 0) gate.wait();  // the first request waits for the gate
+  // Served on a's bridge thread: while the first request waits at the gate, a's node does
+  // nothing else, so it answers "first" (with "first") after the caller gave up, then "second".
+  p.a.serve(echo_ep, [&](StatsRequest&& req) {
+    if (handled.fetch_add(1) == 0) gate.wait();
     return echo(std::move(req));
   });
-  bus_test::OpenOnExit open{gate};
   ASSERT_TRUE(p.b.wait_for_server(echo_ep.name(), 10s));
   absl::StatusOr<StatsReply> first = p.bus_b.call(echo_ep, ask("first"), 200ms);
   ASSERT_FALSE(first.ok());
   EXPECT_EQ(first.status().code(), absl::StatusCode::kDeadlineExceeded);
   gate.open();
-  // The same thread, so the same lane: the answer to "first" comes before this one's (one
-  // executor answers in order) and must not be taken for it.
+  // The same thread, so the same lane: the answer to "first" comes before this one's and must
+  // not be taken for it.
   absl::StatusOr<StatsReply> second = p.bus_b.call(echo_ep, ask("second"), 10s);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(sensor_of(*second), "second");
@@ -134,6 +136,36 @@ TEST(DirectCall, ALateReplyIsSkippedAndTheNextCallGetsItsOwnAnswer) {
   absl::StatusOr<StatsReply> third = p.bus_b.call(echo_ep, ask("third"), 10s);
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(sensor_of(*third), "third");
+}
+
+TEST(DirectCall, ANodeThatComesBackAfterBeingGivenUpOnTakesCallsAgain) {
+  bus_test::Gate gate;
+  Pair p;
+  bus_test::OpenOnExit open{gate};
+  static const bus::Endpoint<StatsRequest, StatsReply> hold_ep{"test.direct.hold"};
+  auto server = p.bus_a.serve(echo_ep, echo);
+  // A handler on a's bridge thread that holds it: a sends no heartbeats until the gate opens,
+  // so b gives it up (and fails the call waiting on it), then hears it again, same node id.
+  p.a.serve(hold_ep, [&](StatsRequest&& req) {
+    gate.wait();
+    return echo(std::move(req));
+  });
+  p.b.import_endpoint(hold_ep);
+  ASSERT_TRUE(p.b.wait_for_server(hold_ep.name(), 10s));
+  ASSERT_TRUE(p.b.wait_for_server(echo_ep.name(), 10s));
+  absl::StatusOr<StatsReply> held = p.bus_b.call(hold_ep, ask("held"), 120s);
+  ASSERT_FALSE(held.ok());
+  EXPECT_EQ(held.status().code(), absl::StatusCode::kAborted) << held.status();
+  EXPECT_GE(p.b.stats().calls_peer_gone, 1u);
+  gate.open();
+  ASSERT_TRUE(bus_test::eventually([&] { return p.b.peers().size() == 1; }));
+  ASSERT_TRUE(p.b.wait_for_server(echo_ep.name(), 10s));
+  for (int i = 0; i < 10; ++i) {
+    std::string sensor = "back" + std::to_string(i);
+    absl::StatusOr<StatsReply> rep = p.bus_b.call(echo_ep, ask(sensor), 10s);
+    ASSERT_TRUE(rep.ok()) << rep.status();
+    EXPECT_EQ(sensor_of(*rep), sensor);
+  }
 }
 
 TEST(DirectCall, ManyThreadsCallAtOnceAndEachGetsItsOwnAnswers) {
