@@ -685,17 +685,13 @@ std::vector<PeerInfo> Bridge::peers() const {
 NodeStats Bridge::stats() const {
   NodeStats s = counters_;
   s.peers = peers();
-  for (const auto& [key, t] : traffic_) {
+  TrafficRows rows = traffic_;
+  lanes_->add_to(s, rows);  // calls made on their callers' threads
+  for (const auto& [key, t] : rows) {
     ChannelTraffic row = t;
     auto p = peers_.find(key.second);
     row.peer_name = p != peers_.end() ? p->second.name : (key.second == 0 ? "" : "?");
     s.traffic.push_back(std::move(row));
-  }
-  lanes_->add_to(s);
-  for (ChannelTraffic& row : s.traffic) {
-    if (!row.peer_name.empty() || row.peer == 0) continue;
-    auto p = peers_.find(row.peer);
-    row.peer_name = p != peers_.end() ? p->second.name : "?";
   }
   return s;
 }

@@ -84,6 +84,10 @@ struct DirectLanes::Lane {
   uint64_t last_correlation = 0;
   Parts parts;
   Payloads payloads;
+  // What the current call counts, added to the lanes' counters once, when the lane goes back.
+  struct {
+    uint64_t received = 0, rejected = 0, late = 0, malformed = 0, peer_gone = 0;
+  } tally;
 };
 
 DirectLanes::DirectLanes(zmq::context_t& ctx, const NodeOptions& options, uint64_t node_id,
@@ -117,7 +121,7 @@ void DirectLanes::stop() {
   idle_.clear();  // closes their sockets
 }
 
-void DirectLanes::add_to(NodeStats& s) const {
+void DirectLanes::add_to(NodeStats& s, TrafficRows& rows) const {
   std::lock_guard lock(mu_);
   s.late_replies += counters_.late_replies;
   s.calls_peer_gone += counters_.calls_peer_gone;
@@ -125,37 +129,16 @@ void DirectLanes::add_to(NodeStats& s) const {
   s.direct_calls += counters_.direct_calls;
   s.malformed_frames += counters_.malformed_frames;
   s.oversized += counters_.oversized;
-  s.send_refused += counters_.send_refused;
   for (const auto& [key, t] : traffic_) {
-    auto row = std::find_if(s.traffic.begin(), s.traffic.end(), [&](const ChannelTraffic& r) {
-      return r.channel == key.first && r.peer == key.second;
-    });
-    if (row == s.traffic.end()) {
-      s.traffic.push_back(t);
-      continue;
-    }
-    row->sent += t.sent;
-    row->received += t.received;
-    row->rejected += t.rejected;
+    ChannelTraffic& r = row(rows, key.first, key.second);
+    r.sent += t.sent;
+    r.received += t.received;
+    r.rejected += t.rejected;
   }
 }
 
-void DirectLanes::count(std::string_view name, const DirectServer& peer, uint64_t sent,
-                        uint64_t received, uint64_t rejected) {
-  // under mu_. A call that ends after its node was given up on counts in the "gone" row, as
-  // peer_gone() folded that node's rows: the table stays bounded as nodes come and go.
-  ChannelTraffic& t =
-      row(traffic_, std::string(name), gone_since_picked(peer) != nullptr ? 0 : peer.id);
-  t.sent += sent;
-  t.received += received;
-  t.rejected += rejected;
-}
-
-void DirectLanes::fail(const absl::Status& why, PendingCall& done) {
-  if (why.code() == absl::StatusCode::kAborted) {
-    std::lock_guard lock(mu_);
-    ++counters_.calls_peer_gone;
-  }
+void DirectLanes::fail(Lane& lane, const absl::Status& why, PendingCall& done) {
+  if (why.code() == absl::StatusCode::kAborted) ++lane.tally.peer_gone;
   done.finish(why, {});
 }
 
@@ -268,7 +251,7 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
       auto now = Clock::now();
       if (now >= deadline) break;
       if (absl::Status why = gone(to); !why.ok()) {
-        fail(why, done);
+        fail(*lane, why, done);
         told = true;
         break;
       }
@@ -292,11 +275,22 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
     outcome = Wait::kFailed;
   }
   std::lock_guard lock(mu_);
+  auto& tally = lane->tally;
+  counters_.late_replies += tally.late;
+  counters_.malformed_frames += tally.malformed;
+  counters_.calls_peer_gone += tally.peer_gone;
   if (sent) {
     ++counters_.request_frames;
     ++counters_.direct_calls;
-    count(name, to, 1, 0, 0);
+    // A call that ends after its node was given up on counts in the "gone" row, as peer_gone()
+    // folded that node's rows: the table stays bounded as nodes come and go.
+    ChannelTraffic& t =
+        row(traffic_, std::string(name), gone_since_picked(to) != nullptr ? 0 : to.id);
+    ++t.sent;
+    t.received += tally.received;
+    t.rejected += tally.rejected;
   }
+  tally = {};
   if (!stopped_.load(std::memory_order_relaxed)) idle_.push_back(std::move(lane));
   // else: its sockets close here, on the thread that used them last
   return outcome != Wait::kExpired;
@@ -315,7 +309,7 @@ DirectLanes::Wait DirectLanes::await(Lane& lane, zmq::socket_t& dealer, const Di
     auto now = Clock::now();
     if (now >= deadline) return Wait::kExpired;
     if (absl::Status why = gone(to); !why.ok()) {
-      fail(why, done);
+      fail(lane, why, done);
       return Wait::kFailed;
     }
     zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
@@ -330,8 +324,7 @@ bool DirectLanes::on_reply(Lane& lane, Parts& parts, const DirectServer& from,
                            std::string_view name, uint64_t reply_type_id, uint64_t correlation,
                            PendingCall& done) {
   auto malformed = [&](const absl::Status& /*why*/) {
-    std::lock_guard lock(mu_);
-    ++counters_.malformed_frames;
+    ++lane.tally.malformed;
     return false;
   };
   if (parts.size() != 3) return malformed(absl::InvalidArgumentError("part count"));
@@ -352,16 +345,10 @@ bool DirectLanes::on_reply(Lane& lane, Parts& parts, const DirectServer& from,
     }
     with_payload += item.code == 0 ? 1 : 0;
   }
-  {
-    std::lock_guard lock(mu_);
-    counters_.late_replies += env->items.size() - (ours != nullptr ? 1 : 0);
-  }
+  lane.tally.late += env->items.size() - (ours != nullptr ? 1 : 0);
   if (ours == nullptr) return false;
   if (ours->code != 0) {
-    {
-      std::lock_guard lock(mu_);
-      count(name, from, 0, 1, 0);
-    }
+    ++lane.tally.received;
     done.finish(status_from(ours->code, ours->detail), {});
     return true;
   }
@@ -371,10 +358,7 @@ bool DirectLanes::on_reply(Lane& lane, Parts& parts, const DirectServer& from,
                                                   " is not the endpoint's (",
                                                   absl::Hex(reply_type_id), ")"));
   }
-  {
-    std::lock_guard lock(mu_);
-    count(name, from, 0, bad.ok() ? 1 : 0, bad.ok() ? 0 : 1);
-  }
+  ++(bad.ok() ? lane.tally.received : lane.tally.rejected);
   if (!bad.ok()) {
     done.finish(absl::InternalError(absl::StrCat("bus.net: bad reply from node ", from.id, " on '",
                                                  sv(name), "': ", bad.message())),

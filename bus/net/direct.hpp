@@ -67,8 +67,8 @@ class DirectLanes final : public DirectCalls {
   /// No more calls: those waiting fail with Cancelled (within kDirectSlice), idle lanes close
   /// their sockets now and busy ones when their call ends. Before the context is closed.
   void stop();
-  /// Adds the lanes' counters and traffic rows to `s` (rows: (channel, peer) as the bridge's).
-  void add_to(NodeStats& s) const;
+  /// Adds the lanes' counters to `s` and their traffic to `rows` (the bridge's, copied).
+  void add_to(NodeStats& s, TrafficRows& rows) const;
 
  private:
   struct Lane;
@@ -94,9 +94,7 @@ class DirectLanes final : public DirectCalls {
   /// node that comes back keeps its id: calls picked after that do not see the old entry).
   const absl::Status* gone_since_picked(const DirectServer& server) const;
   /// Tells `done` it failed with `why` (counted when its node is gone).
-  void fail(const absl::Status& why, PendingCall& done);
-  void count(std::string_view name, const DirectServer& peer, uint64_t sent, uint64_t received,
-             uint64_t rejected);
+  static void fail(Lane& lane, const absl::Status& why, PendingCall& done);
 
   zmq::context_t& ctx_;
   const NodeOptions options_;
