@@ -11,6 +11,8 @@
 //   bus        Bus::publish per message from the thread that owns the subscriber's inbox
 //              (an ExternalInbox), then drain()
 //   busbatch   the same publishes inside a bus::Batch (one release per round), then drain()
+//   pub        `bus` through a bus::Publisher made once (Publisher::publish per message)
+//   pubbatch   `busbatch` through a bus::Publisher
 //   busbulk    one publish_bulk() of the round to a subscribe_bulk() handler, then drain()
 // Each consumer checks the count and the sum; a mismatch exits with status 1.
 #include <bus/bus.hpp>
@@ -56,18 +58,25 @@ int ring(uint64_t n) {
   return s.verify(n);
 }
 
+// `publish(i)` is Bus::publish or a Publisher's.
+template <bool kHandle>
 int bus_case(uint64_t n, bool batch) {
   bus::Bus b(bus::Options().executors(1));
   bus::ExternalInbox inbox(b);
   inbox.bind_to_this_thread();
   Sum s;
   auto sub = inbox.subscribe(numbers, [&](const uint64_t& v) { s.take(v); });
+  auto pub = b.publisher(numbers);
   for (uint64_t i = 1; i <= n;) {
     {
       std::optional<bus::Batch> scope;
       if (batch) scope.emplace(b);
       for (uint64_t end = std::min(n, i + kRound - 1); i <= end; ++i) {
-        if (!b.publish(numbers, i).ok()) return 2;
+        if constexpr (kHandle) {
+          if (!pub.publish(i).ok()) return 2;
+        } else {
+          if (!b.publish(numbers, i).ok()) return 2;
+        }
       }
     }
     inbox.drain_awake();
@@ -100,15 +109,17 @@ int bulk_case(uint64_t n) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s ring64|ring1|bus|busbatch|busbulk N\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ring64|ring1|bus|busbatch|pub|pubbatch|busbulk N\n", argv[0]);
     return 2;
   }
   std::string c = argv[1];
   uint64_t n = std::strtoull(argv[2], nullptr, 10);
   if (c == "ring64") return ring<64>(n);
   if (c == "ring1") return ring<1>(n);
-  if (c == "bus") return bus_case(n, false);
-  if (c == "busbatch") return bus_case(n, true);
+  if (c == "bus") return bus_case<false>(n, false);
+  if (c == "busbatch") return bus_case<false>(n, true);
+  if (c == "pub") return bus_case<true>(n, false);
+  if (c == "pubbatch") return bus_case<true>(n, true);
   if (c == "busbulk") return bulk_case(n);
   std::fprintf(stderr, "bus_instructions: unknown case '%s'\n", c.c_str());
   return 2;

@@ -170,6 +170,10 @@ bool Producer::backlog_has_room() {
 }
 
 void Core::retire_producer(Producer& p) {
+  // Publishing closes the rings' open runs, which adds their messages to p's counters.
+  for (auto& r : p.rings) {
+    if (r) r->publish();
+  }
   p.counters.for_each(
       [this](uint32_t ch, std::size_t f, uint64_t v) { retired_counts.add(ch, f, v); });
   for (auto& h : p.backlog) {
@@ -180,9 +184,7 @@ void Core::retire_producer(Producer& p) {
   p.backlog.clear();
   p.backlog_rings = 0;
   for (auto& r : p.rings) {
-    if (!r) continue;
-    r->publish();
-    r->retired.store(true, std::memory_order_release);  // pairs with Inbox::run_once
+    if (r) r->retired.store(true, std::memory_order_release);  // pairs with Inbox::run_once
   }
   light_barrier();
   for (auto& r : p.rings) {

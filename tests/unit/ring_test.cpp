@@ -293,8 +293,10 @@ TEST(Ring, ConsumeRunsStopsAtMaxAndAtTheBuffersEnd) {
 // Run records: sends to one target between two publishes share one header, their payloads back
 // to back; the run closes at a publish, at another record, at kMaxRun and before the buffer's end.
 
-/// Appends a payload of `t` holding `value` to its open run, or starts a run record.
-uint64_t* put_run(Ring& ring, const bus::detail::Target& t, uint64_t value) {
+/// Appends a payload of `t` holding `value` to its open run, or starts a run record (counted
+/// into `counter` when it closes).
+uint64_t* put_run(Ring& ring, const bus::detail::Target& t, uint64_t value,
+                  std::atomic<uint64_t>* counter = nullptr) {
   uint32_t pw = t.ops->words - 1;
   auto header = reinterpret_cast<uint64_t>(&t);
   if (uint64_t* at = ring.extend_at(header, pw)) {
@@ -306,7 +308,7 @@ uint64_t* put_run(Ring& ring, const bus::detail::Target& t, uint64_t value) {
   if (at == nullptr) return nullptr;
   at[0] = header;
   for (uint32_t k = 1; k <= pw; ++k) at[k] = value;
-  ring.commit_run(at, pw + 1);
+  ring.commit_run(at, pw + 1, counter);
   return at + 1;
 }
 
@@ -331,6 +333,51 @@ TEST(Ring, SendsToOneTargetShareARunRecordUntilThePublish) {
   EXPECT_EQ(runs(ring, SIZE_MAX), (std::vector<RecordRun>{{&target_a, a3 - 1, 2, 1}}));
   ring.release();
   EXPECT_EQ(ring.depth_words(), 0u);
+}
+
+TEST(Ring, ARunIsCountedOnceWhenItCloses) {
+  Ring ring(1024, nullptr, nullptr);
+  std::atomic<uint64_t> a_count{0}, b_count{0};
+  uint64_t* a = put_run(ring, target_a, 1, &a_count);
+  for (uint64_t v = 2; v <= 5; ++v) put_run(ring, target_a, v, &a_count);
+  EXPECT_EQ(a_count.load(), 0u);                       // open: counted when it closes
+  uint64_t* b = put_run(ring, target_b, 6, &b_count);  // another record closes a's run
+  EXPECT_EQ(a_count.load(), 5u);
+  EXPECT_EQ(a[-1] >> bus::detail::kRunShift, 4u);
+  put_run(ring, target_b, 7, &b_count);
+  ring.claim_run(reinterpret_cast<uint64_t>(&target_b), &b_count);  // its own counter: stays open
+  EXPECT_EQ(put_run(ring, target_b, 8, &b_count), b + 4);
+  ring.claim_run(reinterpret_cast<uint64_t>(&target_b), nullptr);  // another one: it closes
+  EXPECT_EQ(b_count.load(), 3u);
+  uint64_t* b2 = put_run(ring, target_b, 9);  // a run without a counter
+  put_run(ring, target_b, 10);
+  ring.publish();
+  EXPECT_EQ(b_count.load(), 3u);
+  EXPECT_EQ(runs(ring, SIZE_MAX),
+            (std::vector<RecordRun>{
+                {&target_a, a - 1, 1, 5}, {&target_b, b - 1, 2, 3}, {&target_b, b2 - 1, 2, 2}}));
+}
+
+TEST(Ring, ARunClosesWithItsCountBeforeAWrapMarker) {
+  Ring ring(1024, nullptr, nullptr);
+  std::atomic<uint64_t> count{0};
+  while (ring.tail() < 1016) {  // up to 8 words before the buffer's end
+    ASSERT_NE(put_for(ring, target_a, 0), nullptr);
+    ring.publish();
+  }
+  runs(ring, SIZE_MAX);
+  ring.release();
+  // A run in words 1016-1022: its header and six payloads.
+  uint64_t* a = put_run(ring, target_a, 1, &count);
+  for (uint64_t v = 2; v <= 6; ++v) put_run(ring, target_a, v, &count);
+  // Three words do not fit in the one left: the run closes before the wrap marker moves on.
+  uint64_t* b = put_run(ring, target_b, 7);
+  EXPECT_EQ(b, a - 1 - 1016 + 1);  // the buffer's start
+  EXPECT_EQ(count.load(), 6u);
+  EXPECT_EQ(a[-1] >> bus::detail::kRunShift, 5u);
+  ring.publish();
+  EXPECT_EQ(runs(ring, SIZE_MAX),
+            (std::vector<RecordRun>{{&target_a, a - 1, 1, 6}, {&target_b, b - 1, 3, 1}}));
 }
 
 TEST(Ring, ARunRecordEndsAtMaxRunAndBeforeTheBuffersEnd) {

@@ -6,6 +6,7 @@
 #include <absl/status/statusor.h>
 
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <concepts>
 #include <functional>
@@ -85,6 +86,8 @@ template <class S>
 class ServiceGroup;
 class Batch;
 class ExternalInbox;
+template <class T>
+class Publisher;
 class Reactor;
 namespace net::detail {
 struct BusAccess;
@@ -127,6 +130,11 @@ class Bus {
   template <class T, class F>
   requires std::invocable<F&, const T&> Subscription subscribe(const Topic<T>& topic, F&& handler,
                                                                Placement where = {});
+
+  /// A handle for publishing to `topic` from the calling thread, message by message, without
+  /// the lookups publish() makes on every call (see Publisher).
+  template <class T>
+  Publisher<T> publisher(const Topic<T>& topic);
 
   /// publish() of every message in `msgs`, in order, as one batch: to a topic whose subscribers
   /// are on one inbox they are copied into the ring in runs (a memcpy for trivially copyable
@@ -229,6 +237,8 @@ class Bus {
   template <class S>
   friend class Service;
   friend class Batch;
+  template <class>
+  friend class Publisher;
   friend class ExternalInbox;
   friend class Reactor;
   friend struct net::detail::BusAccess;
@@ -240,20 +250,46 @@ class Bus {
   absl::Status run_on(detail::Inbox& inbox, F&& fn, bool wait);
   template <class F>
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
-  /// publish() when this thread has no route for the topic, its subscribers changed, or the
-  /// ring is full (the overflow policy).
+  /// publish() and Publisher::publish(): enters (unless a Batch did), tries `route` when
+  /// `routed`, else or when that fails calls `slow(msg)`, and leaves.
+  template <class T, class U, class Slow>
+  [[gnu::always_inline]] static inline absl::Status publish_gated(
+      detail::Core& c, detail::Producer& p, bool routed, const detail::Producer::Route& route,
+      U&& msg, Slow&& slow);
+  /// publish() through `route` (this thread's route for the topic, or a Publisher's) while it
+  /// still holds: true when the message went into the ring (`msg` is untouched otherwise).
+  template <class T, class U>
+  [[gnu::always_inline]] static inline bool publish_routed(detail::Producer& p,
+                                                           detail::Producer::Gate g,
+                                                           const detail::Producer::Route& route,
+                                                           U&& msg);
+  /// publish() when `route` does not hold (this thread has no route for the topic yet, or its
+  /// subscribers changed) or the ring is full (the overflow policy). Sets `route` again when
+  /// the topic's subscribers are on one inbox.
+  template <class T, class U>
+  [[gnu::noinline]] static absl::Status publish_resolving(detail::Core& c, detail::Producer& p,
+                                                          detail::TopicState<T>& st,
+                                                          const Topic<T>& topic,
+                                                          detail::Producer::Route& route, U&& msg);
   template <class T, class U>
   [[gnu::noinline]] absl::Status publish_resolving(detail::Producer& p, const Topic<T>& topic,
-                                                   U&& msg);
+                                                   U&& msg) {
+    return publish_resolving(*core_, p, topic_state(topic), topic,
+                             p.routes[topic.id() % detail::Producer::kRoutes],
+                             std::forward<U>(msg));
+  }
   /// publish() to several inboxes, or from a bridge thread: out of line.
   template <class T, class U>
-  [[gnu::noinline]] absl::Status publish_to_list(
-      detail::Producer& p, const detail::TargetList<detail::TopicTarget<T>>& list,
+  [[gnu::noinline]] static absl::Status publish_to_list(
+      detail::Core& c, detail::Producer& p, const detail::TargetList<detail::TopicTarget<T>>& list,
       const Topic<T>& topic, U&& msg);
   template <class T>
+  static detail::TopicState<T>& topic_state(detail::Core& c, const Topic<T>& t) {
+    return c.channel_state<detail::TopicState<T>>(t.id(), [] { return new detail::TopicState<T>; });
+  }
+  template <class T>
   detail::TopicState<T>& topic_state(const Topic<T>& t) {
-    return core_->channel_state<detail::TopicState<T>>(t.id(),
-                                                       [] { return new detail::TopicState<T>; });
+    return topic_state(*core_, t);
   }
   template <class T>
   detail::QueueState<T>& queue_state(const Queue<T>& q) {
@@ -318,6 +354,45 @@ class Batch {
   detail::Core& core_;
   detail::Producer& producer_;
   bool accepted_;
+};
+
+/// One thread's handle for publishing to one topic: publish() is Bus::publish(), with the same
+/// results and overflow policy, without the lookups Bus::publish() makes on every call (this
+/// thread's producer, then its route for the topic). For a loop that publishes many messages to
+/// one topic. Inside a Batch, or on an executor, messages to a topic whose subscribers are on one
+/// inbox join one run record: the handle then costs little more than a store into the ring.
+///
+/// Made by Bus::publisher() on the thread that publishes with it, and used on that thread only
+/// (a debug build asserts it); it may be destroyed anywhere. It keeps the bus's shared state
+/// alive: once the bus has stopped, publish() returns Unavailable as Bus::publish() does.
+/// Subscribers that come and go are seen at the next publish(), as with Bus::publish().
+template <class T>
+class Publisher {
+ public:
+  Publisher(Publisher&&) noexcept = default;
+  Publisher& operator=(Publisher&&) noexcept = default;
+  Publisher(const Publisher&) = delete;
+  Publisher& operator=(const Publisher&) = delete;
+
+  template <MessageOf<T> U>
+  [[gnu::always_inline]] inline absl::Status publish(U&& msg);
+  const Topic<T>& topic() const { return topic_; }
+
+ private:
+  friend class Bus;
+  Publisher(std::shared_ptr<detail::Core> core, const Topic<T>& topic)
+      : core_(std::move(core)), producer_(&core_->producer()), topic_(topic) {
+    state_ = &Bus::topic_state(*core_, topic_);
+    route_.channel = topic_.id();
+    route_.state = state_;
+    route_.list = &route_;  // matches no target list: the first publish() resolves the route
+  }
+
+  std::shared_ptr<detail::Core> core_;
+  detail::Producer* producer_;
+  Topic<T> topic_;
+  detail::TopicState<T>* state_;
+  detail::Producer::Route route_;
 };
 
 /// An inbox owned by an event loop that is not an executor (Asio, a zmq poller, ...). The loop
@@ -581,50 +656,132 @@ template <class T, MessageOf<T> U>
 absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
   detail::Core& c = *core_;
   detail::Producer& p = c.producer();
-  if (!c.enter(p)) [[unlikely]]
-    return detail::Core::stopped_status();
-  detail::Leave leave{c, p};  // also when building the message throws
   // The common case, inline: this thread published here before, the topic's subscribers are
   // still the ones it saw, all on one inbox (so no copy to make), and the ring has room.
   detail::Producer::Route& r = p.routes[topic.id() % detail::Producer::kRoutes];
-  if (r.channel == topic.id() &&
-      static_cast<const detail::TopicState<T>*>(r.state)->targets.load() == r.list) [[likely]] {
-    auto* t = static_cast<detail::TopicTarget<T>*>(r.target);
-    if (t->live.load(std::memory_order_relaxed) != 0 &&
-        detail::Core::append<T, true>(p, *r.ring, *t->inbox, t, std::forward<U>(msg))) [[likely]] {
-      detail::CounterTable<detail::kProducerCounters>::bump(*r.published);
-      return absl::OkStatus();
+  return publish_gated<T>(
+      c, p, r.channel == topic.id(), r, std::forward<U>(msg),
+      [&]<class M>(M&& m) { return publish_resolving(p, topic, std::forward<M>(m)); });
+}
+
+template <class T>
+template <MessageOf<T> U>
+absl::Status Publisher<T>::publish(U&& msg) {
+  assert(&core_->producer() == producer_ && "a Publisher publishes on the thread that made it");
+  detail::Producer& p = *producer_;
+  return Bus::publish_gated<T>(*core_, p, true, route_, std::forward<U>(msg), [&]<class M>(M&& m) {
+    return Bus::publish_resolving(*core_, p, *state_, topic_, route_, std::forward<M>(m));
+  });
+}
+
+template <class T, class U, class Slow>
+absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool routed,
+                                const detail::Producer::Route& route, U&& msg, Slow&& slow) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<U>, T> && std::is_trivially_copyable_v<T> &&
+                sizeof(T) <= 16) {
+    // A small message by value: the caller's variable does not have to live in memory (its
+    // address would reach the out-of-line slow path).
+    if constexpr (std::is_lvalue_reference_v<U>) {
+      T copy = msg;
+      return publish_gated<T>(c, p, routed, route, std::move(copy), std::forward<Slow>(slow));
     }
   }
-  return publish_resolving(p, topic, std::forward<U>(msg));
+  using Gate = detail::Producer::Gate;
+  // One inline path per gate, each with its gate known to the compiler.
+  auto gated = [&]<Gate g>(std::integral_constant<Gate, g>) -> absl::Status {
+    if constexpr (g == Gate::kBatchGate) {  // entered when the Batch began
+      if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) return absl::OkStatus();
+      return slow(std::forward<U>(msg));
+    } else {
+      if (!c.enter(p, g)) [[unlikely]]
+        return detail::Core::stopped_status();
+      if constexpr (std::is_nothrow_constructible_v<T, U&&>) {
+        // Nothing on the inline path can throw: no scope guard (it would keep the result in
+        // memory).
+        if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) [[likely]] {
+          detail::Core::leave(p, g);
+          return absl::OkStatus();
+        }
+        detail::Leave leave{p, g};
+        return slow(std::forward<U>(msg));
+      } else {
+        detail::Leave leave{p, g};  // also when building the message throws
+        if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) [[likely]]
+          return absl::OkStatus();
+        return slow(std::forward<U>(msg));
+      }
+    }
+  };
+  switch (p.gate) {
+    case Gate::kBatchGate: return gated(std::integral_constant<Gate, Gate::kBatchGate>{});
+    case Gate::kExecutorGate: return gated(std::integral_constant<Gate, Gate::kExecutorGate>{});
+    case Gate::kPlainGate: break;
+  }
+  return gated(std::integral_constant<Gate, Gate::kPlainGate>{});
+}
+
+template <class T>
+Publisher<T> Bus::publisher(const Topic<T>& topic) {
+  return Publisher<T>(core_, topic);
 }
 
 template <class T, class U>
-absl::Status Bus::publish_resolving(detail::Producer& p, const Topic<T>& topic, U&& msg) {
-  detail::Core& c = *core_;
-  auto& st = topic_state(topic);
+bool Bus::publish_routed(detail::Producer& p, detail::Producer::Gate g,
+                         const detail::Producer::Route& route, U&& msg) {
+  if (static_cast<const detail::TopicState<T>*>(route.state)->targets.load() != route.list)
+    return false;
+  auto* t = static_cast<detail::TopicTarget<T>*>(route.target);
+  // A message joins an open run of `t` without a look at its subscriber count: the run began
+  // in this Batch (or executor pass) with a subscriber, and if the last one left since, the
+  // message finds no handler, as one already in the ring does.
+  if (g != detail::Producer::kPlainGate &&
+      detail::Core::extend<T>(*route.ring, t, std::forward<U>(msg)))
+    return true;
+  if (t->live.load(std::memory_order_relaxed) == 0 ||
+      !detail::Core::append_record<T, true>(p, g, *route.ring, *t->inbox, t, route.published,
+                                            std::forward<U>(msg)))
+    return false;
+  // Outside the plain gate the message joined a run, counted when the run closes.
+  if (g == detail::Producer::kPlainGate)
+    detail::CounterTable<detail::kProducerCounters>::bump(*route.published);
+  return true;
+}
+
+template <class T, class U>
+absl::Status Bus::publish_resolving(detail::Core& c, detail::Producer& p, detail::TopicState<T>& st,
+                                    const Topic<T>& topic, detail::Producer::Route& route,
+                                    U&& msg) {
   const auto* list = st.targets.load();
   absl::Status result;
   if (detail::TopicTarget<T>* t = sole_target(p, list)) {
     if (t->live.load(std::memory_order_relaxed) != 0) {
       detail::Ring& ring = p.ring_to(*t->inbox);
-      p.routes[topic.id() % detail::Producer::kRoutes] = {
-          topic.id(), &st, list, t, &ring, &p.counters.cell(topic.id(), detail::kPublished)};
-      result = c.send_on<T, true>(p, ring, *t->inbox, t, topic.overflow(), topic.id(),
-                                  std::forward<U>(msg));
+      auto* published = &p.counters.cell(topic.id(), detail::kPublished);
+      route = {topic.id(), &st, list, t, &ring, published};
+      // A run of `t` opened while the topic had other subscribers is counted per publish();
+      // from here its messages are counted by the run.
+      ring.claim_run(reinterpret_cast<uint64_t>(t), published);
+      const detail::Producer::Gate g = p.gate;
+      if (detail::Core::append<T, true>(p, g, ring, *t->inbox, t, published,
+                                        std::forward<U>(msg))) {
+        if (g == detail::Producer::kPlainGate)
+          detail::CounterTable<detail::kProducerCounters>::bump(*published);
+        return absl::OkStatus();
+      }
+      result =
+          c.send_full<T>(p, ring, *t->inbox, t, topic.overflow(), topic.id(), std::forward<U>(msg));
     }
   } else if (list != nullptr) {
-    result = publish_to_list(p, *list, topic, std::forward<U>(msg));
+    result = publish_to_list(c, p, *list, topic, std::forward<U>(msg));
   }
   if (result.ok()) p.counters.add(topic.id(), detail::kPublished);
   return result;
 }
 
 template <class T, class U>
-absl::Status Bus::publish_to_list(detail::Producer& p,
+absl::Status Bus::publish_to_list(detail::Core& c, detail::Producer& p,
                                   const detail::TargetList<detail::TopicTarget<T>>& list,
                                   const Topic<T>& topic, U&& msg) {
-  detail::Core& c = *core_;
   absl::Status result;
   detail::TopicTarget<T>* last = nullptr;
   for (auto* t : list.targets) {
@@ -708,11 +865,17 @@ absl::Status Bus::publish_bulk(const Topic<T>& topic, std::span<const T> msgs) {
   absl::Status result;
   std::size_t done = 0;
   if (detail::TopicTarget<T>* t = sole_target(p, topic_state(topic).targets.load())) {
-    done = t->live.load(std::memory_order_relaxed) == 0
-               ? msgs.size()  // no subscriber: published to nobody, as publish() does
-               : detail::Core::append_all<T>(p, p.ring_to(*t->inbox), *t->inbox, t, msgs.data(),
-                                             msgs.size());
-    p.counters.add(topic.id(), detail::kPublished, done);
+    if (t->live.load(std::memory_order_relaxed) == 0) {
+      done = msgs.size();  // no subscriber: published to nobody, as publish() does
+      p.counters.add(topic.id(), detail::kPublished, done);
+    } else {
+      // Counted by their runs as they close (see publish_resolving()).
+      detail::Ring& ring = p.ring_to(*t->inbox);
+      auto* published = &p.counters.cell(topic.id(), detail::kPublished);
+      ring.claim_run(reinterpret_cast<uint64_t>(t), published);
+      done =
+          detail::Core::append_all<T>(p, ring, *t->inbox, t, published, msgs.data(), msgs.size());
+    }
   }
   // The rest (a full ring, several inboxes, a bridge thread) one by one: the overflow policy.
   for (; done < msgs.size(); ++done) {

@@ -155,10 +155,11 @@ class Core {
   Ring& new_ring(Producer& p, Inbox& dest);
 
   /// Plain threads: announce a publish so stop() can wait for it. Returns false if stopping.
-  [[gnu::always_inline]] bool enter(Producer& p) {
-    if (p.gate == Producer::kBatchGate) [[likely]]
+  /// `g` is p.gate, read once by the caller (it does not change inside a send).
+  [[gnu::always_inline]] bool enter(Producer& p, Producer::Gate g) {
+    if (g == Producer::kBatchGate) [[likely]]
       return true;  // the Batch entered already
-    if (p.gate == Producer::kExecutorGate) return state() != State::kStopped;
+    if (g == Producer::kExecutorGate) return state() != State::kStopped;
     p.active.store(1, std::memory_order_relaxed);
     light_barrier();  // pairs with heavy_barrier() in stop(): we see its state or it sees us
     if (state() != State::kRunning) {
@@ -167,9 +168,11 @@ class Core {
     }
     return true;
   }
-  [[gnu::always_inline]] void leave(Producer& p) {
-    if (p.gate == Producer::kPlainGate) p.active.store(0, std::memory_order_release);
+  [[gnu::always_inline]] bool enter(Producer& p) { return enter(p, p.gate); }
+  [[gnu::always_inline]] static void leave(Producer& p, Producer::Gate g) {
+    if (g == Producer::kPlainGate) p.active.store(0, std::memory_order_release);
   }
+  [[gnu::always_inline]] void leave(Producer& p) { leave(p, p.gate); }
   static absl::Status stopped_status() {
     return absl::UnavailableError("bus: stopped; it takes no more messages");
   }
@@ -193,47 +196,72 @@ class Core {
     return send_full<P>(p, r, dest, target, policy, channel, std::forward<A>(args)...);
   }
   /// send_on() while `r` has room and no records wait before it: builds the record (or joins
-  /// the open run) and returns true. Returns false, `args` untouched, otherwise.
+  /// the open run) and returns true. Returns false, `args` untouched, otherwise. `g` is p.gate.
+  /// With `kRun`, outside the plain gate, the record opens a run counted into `counter` when it
+  /// closes (Ring::commit_run): the caller counts the message only under the plain gate.
   template <class P, bool kRun, class... A>
-  [[gnu::always_inline]] static bool append(Producer& p, Ring& r, Inbox& dest, Target* target,
+  [[gnu::always_inline]] static bool append(Producer& p, Producer::Gate g, Ring& r, Inbox& dest,
+                                            Target* target, std::atomic<uint64_t>* counter,
                                             A&&... args) {
+    if (kRun && extend<P>(r, target, std::forward<A>(args)...)) return true;
+    return append_record<P, kRun>(p, g, r, dest, target, counter, std::forward<A>(args)...);
+  }
+  /// The part of append() that joins the open run of `target`, if there is one with room.
+  template <class P, class... A>
+  [[gnu::always_inline]] static bool extend(Ring& r, Target* target, A&&... args) {
     constexpr uint32_t kWords = Payload<P>::kWords;
-    if (r.held != 0) [[unlikely]]
+    // A run is open only while no record of the ring is held (send_full() publishes, which
+    // closes it, before it holds one) and never on a plain thread outside a Batch (it publishes
+    // each record at once, and a Batch's end publishes before the gate opens): no other check.
+    uint64_t* w = r.extend_at(reinterpret_cast<uint64_t>(target), kWords - 1);
+    if (w == nullptr) return false;
+    Payload<P>::construct(w, std::forward<A>(args)...);
+    r.extended(kWords - 1);  // the run's ring is queued for the flush already
+    return true;
+  }
+  /// The part of append() that builds a record of its own (a run's first, with `kRun`).
+  template <class P, bool kRun, class... A>
+  [[gnu::always_inline]] static bool append_record(Producer& p, Producer::Gate g, Ring& r,
+                                                   Inbox& dest, Target* target,
+                                                   std::atomic<uint64_t>* counter, A&&... args) {
+    constexpr uint32_t kWords = Payload<P>::kWords;
+    // Only executors hold records back (send_full()); the plain gate is never an executor's.
+    if (g != Producer::kPlainGate && r.held != 0) [[unlikely]]
       return false;
-    // (A plain thread outside a Batch has no open run: it publishes every record at once.)
-    if (kRun && p.gate != Producer::kPlainGate) {
-      if (uint64_t* w = r.extend_at(reinterpret_cast<uint64_t>(target), kWords - 1)) {
-        Payload<P>::construct(w, std::forward<A>(args)...);
-        r.extended(kWords - 1);  // the run's ring is queued for the flush already
-        return true;
-      }
-    }
     uint64_t* w = r.try_reserve(kWords);
     if (w == nullptr) [[unlikely]]
       return false;
     w[0] = reinterpret_cast<uint64_t>(target);
     Payload<P>::construct(w + 1, std::forward<A>(args)...);
-    if (kRun && p.gate != Producer::kPlainGate) {
-      r.commit_run(w, kWords);
+    if (g == Producer::kPlainGate) {
+      r.commit_unrun(kWords);  // a plain thread publishes at once: its runs would end here
+    } else if (kRun) {
+      r.commit_run(w, kWords, counter);
     } else {
-      r.commit(kWords);  // a plain thread publishes at once: its runs would end here
+      r.commit(kWords);
     }
-    committed(p, r, dest);
+    committed(p, g, r, dest);
     return true;
+  }
+  template <class P, bool kRun, class... A>
+  [[gnu::always_inline]] static bool append(Producer& p, Ring& r, Inbox& dest, Target* target,
+                                            A&&... args) {
+    return append<P, kRun>(p, p.gate, r, dest, target, nullptr, std::forward<A>(args)...);
   }
 
   /// append() of `n` messages at `msgs`, in order: as many as `r` has room for; returns how many.
-  /// Runs of them are built at once (a copy of the array when P is an inline array type).
+  /// Runs of them are built at once (a copy of the array when P is an inline array type), and
+  /// counted into `counter` when they close (p.gate is not the plain gate: a Batch is open).
   template <class P>
-  static std::size_t append_all(Producer& p, Ring& r, Inbox& dest, Target* target, const P* msgs,
-                                std::size_t n) {
+  static std::size_t append_all(Producer& p, Ring& r, Inbox& dest, Target* target,
+                                std::atomic<uint64_t>* counter, const P* msgs, std::size_t n) {
     constexpr uint32_t kPayload = Payload<P>::kWords - 1;
     auto header = reinterpret_cast<uint64_t>(target);
     std::size_t done = 0;
     while (done < n) {
       std::size_t k = std::min(n - done, r.held == 0 ? r.extend_room(header, kPayload) : 0);
       if (k == 0) {
-        if (!append<P, true>(p, r, dest, target, msgs[done])) break;  // opens a run
+        if (!append<P, true>(p, p.gate, r, dest, target, counter, msgs[done])) break;  // a run
         ++done;
         continue;
       }
@@ -255,10 +283,11 @@ class Core {
 
   /// A record was committed to `r`: a plain thread outside a Batch publishes it now; executors
   /// and batches publish at their flush.
-  [[gnu::always_inline]] static void committed(Producer& p, Ring& r, Inbox& dest) {
-    if (p.gate == Producer::kPlainGate) {
-      r.publish();
-      light_barrier();  // pairs with heavy_barrier() in Inbox::park()
+  [[gnu::always_inline]] static void committed(Producer& p, Producer::Gate g, Ring& r,
+                                               Inbox& dest) {
+    if (g == Producer::kPlainGate) {
+      r.publish_committed();  // a plain thread outside a Batch only commit()s
+      light_barrier();        // pairs with heavy_barrier() in Inbox::park()
       dest.notify();
     } else if (!r.queued_for_flush) [[unlikely]] {
       r.queued_for_flush = true;
@@ -332,9 +361,9 @@ std::size_t ring_words_for(std::size_t bytes);
 
 /// Core::leave() at the end of a scope that entered.
 struct Leave {
-  Core& c;
   Producer& p;
-  ~Leave() { c.leave(p); }
+  Producer::Gate g;
+  ~Leave() { Core::leave(p, g); }
 };
 
 template <class P, class... A>
@@ -406,7 +435,7 @@ template <class P, class... A>
   w[0] = reinterpret_cast<uint64_t>(target);
   Payload<P>::construct(w + 1, std::forward<A>(args)...);
   r.commit(kWords);
-  committed(p, r, dest);
+  committed(p, p.gate, r, dest);
   return absl::OkStatus();
 }
 

@@ -28,7 +28,7 @@ class CounterTable {
 
   /// Writer thread only: the counter itself, to keep and add() to through bump().
   std::atomic<uint64_t>& cell(uint32_t channel, std::size_t field) { return slot(channel, field); }
-  static void bump(std::atomic<uint64_t>& a, uint64_t n = 1) {
+  [[gnu::always_inline]] static void bump(std::atomic<uint64_t>& a, uint64_t n = 1) {
     a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
 

@@ -107,7 +107,7 @@ class Inbox {
   /// Hands a new ring to the owner (lock-free push; the owner adopts it on its next pass).
   void add_ring(std::shared_ptr<Ring> ring);
   /// Called by a producer after light_barrier(): wakes the owner if it is parked.
-  void notify() {
+  [[gnu::always_inline]] void notify() {
     if (sleeping_.load(std::memory_order_relaxed) != 0) wake();
   }
   void wake();

@@ -22,7 +22,8 @@ inline constexpr std::size_t kCacheLine = 64;
 /// wraps around. The producer builds records in place (`try_reserve` + `commit`) and makes them
 /// visible with `publish`, so a batch of records costs one release store. Between two publishes
 /// consecutive sends to one target can share a header (`commit_run`, then `extend_at` and
-/// `extended`): the payloads of a batch then lie back to back, as in a plain array queue.
+/// `extended`): the payloads of a batch then lie back to back, as in a plain array queue, and
+/// the header gets its count once, when the run closes.
 class Ring {
  public:
   Ring(std::size_t capacity_words, Inbox* consumer, Inbox* producer_inbox)
@@ -52,6 +53,7 @@ class Ring {
     return reserve_slow(words);
   }
   uint64_t* reserve_slow(uint32_t words) {
+    close_run();  // before a wrap marker moves write_ past the run's end
     uint64_t pos = write_ & mask_;
     uint64_t contiguous = capacity() - pos;
     uint64_t need = words <= contiguous ? words : contiguous + words;
@@ -69,18 +71,35 @@ class Ring {
     write_limit_ = std::min(head_cache_ + capacity(), write_ - pos + capacity());
     return buf_ + pos;
   }
+  /// Commits the record built at the write position (from try_reserve()).
   void commit(uint32_t words) {
+    close_run();
     write_ += words;
-    run_header_ = 0;
   }
-  /// Commits the record at `record` and lets extend_at() append payloads to it until the next
-  /// publish or commit.
-  void commit_run(uint64_t* record, uint32_t words) {
+  /// commit() when no run can be open: a plain thread outside a Batch never opens one.
+  void commit_unrun(uint32_t words) {
+    assert(run_header_ == 0);
+    write_ += words;
+  }
+  /// Commits the record at `record` as an open run: extend_at() appends payloads to it until
+  /// the run closes (the next publish, commit or run). When it closes, its header gets its
+  /// count of payloads and `counter`, if any, is raised by that count: the producer counts
+  /// a run's messages once, not one by one.
+  void commit_run(uint64_t* record, uint32_t words, std::atomic<uint64_t>* counter) {
+    close_run();
     write_ += words;
     open_run_ = record;
     run_header_ = record[0];
+    run_start_ = write_ - (words - 1);
+    run_words_ = words - 1;
+    run_counter_ = counter;
     // kMaxRun payloads at most, behind the record and before the buffer's end.
     run_limit_ = std::min(write_limit_, write_ + uint64_t{kMaxRun - 1} * (words - 1));
+  }
+  /// Closes the open run of `header`'s target when it counts into another counter than
+  /// `counter` (or none), so that what joins it from now on is counted once.
+  void claim_run(uint64_t header, std::atomic<uint64_t>* counter) {
+    if (run_header_ == header && run_counter_ != counter) close_run();
   }
   /// Where one more payload of `payload_words` goes in the open run of `header`'s target, or
   /// null: no open run of that target, or it cannot grow (kMaxRun, the buffer's end, no room
@@ -96,10 +115,7 @@ class Ring {
     if (buf_ == nullptr) __builtin_unreachable();
     return buf_ + (write_ & mask_);
   }
-  void extended(uint32_t payload_words) {
-    *open_run_ += kRunOne;
-    write_ += payload_words;
-  }
+  void extended(uint32_t payload_words) { write_ += payload_words; }
   /// How many payloads of `payload_words` the open run of `header`'s target can still take,
   /// back to back from extend_at(); extended_by() counts those built.
   std::size_t extend_room(uint64_t header, uint32_t payload_words) const {
@@ -107,17 +123,21 @@ class Ring {
     return static_cast<std::size_t>((run_limit_ - write_) / payload_words);
   }
   void extended_by(std::size_t payloads, uint32_t payload_words) {
-    *open_run_ += payloads << kRunShift;
     write_ += payloads * payload_words;
   }
   /// Makes committed records visible. Returns false when there was nothing new.
   bool publish() {
-    run_header_ = 0;  // the consumer may read the run's header from now on
+    close_run();  // the consumer may read the run's header from now on
     if (write_ == published_) return false;
     published_ = write_;
     // (2) pairs with (3): the records below the tail are fully built.
     tail_.store(write_, std::memory_order_release);
     return true;
+  }
+  /// publish() right after commit(): there is something new, and no run is open.
+  [[gnu::always_inline]] void publish_committed() {
+    published_ = write_;
+    tail_.store(write_, std::memory_order_release);  // (2), as in publish()
   }
   bool has_unpublished() const { return write_ != published_; }
   bool has_room(uint32_t words) {
@@ -158,15 +178,15 @@ class Ring {
         continue;
       }
       uint32_t words = 1 + payload_words;
-      // The run ends at the next other record, at the tail, or where the buffer wraps.
+      // The run ends at the next other record, at the tail, where the buffer wraps, or at `max`.
       uint64_t end = std::min(tail_cache_, read_ + (capacity() - (read_ & mask_)));
-      uint64_t at = read_ + words;
-      std::size_t k = 1;
-      while (n + k < max && at < end && buf_[at & mask_] == header) {
-        at += words;
-        ++k;
-      }
-      read_ = at;
+      if (std::size_t room = max - n; room < (end - read_) / words) end = read_ + room * words;
+      const uint64_t* stop = rec + (end - read_);
+      const uint64_t* at = rec + words;
+      while (at < stop && *at == header) at += words;
+      auto taken = static_cast<uint64_t>(at - rec);
+      std::size_t k = taken / words;
+      read_ += taken;
       n += k;
       f(target, rec + 1, words, k);
     }
@@ -231,11 +251,30 @@ class Ring {
   uint64_t published_ = 0;                  // last value stored to tail_
   uint64_t head_cache_ = 0;   // producer's view of head_: refreshed only when the ring looks full
   uint64_t write_limit_ = 0;  // write_ may grow to it without a check: free and before the end
-  // The run extend_at() appends to: its record (unpublished), header (0: none) and the end it
-  // may grow to.
+  // The run extend_at() appends to: its record (unpublished), header (0: none), the end it may
+  // grow to, where its payloads start and their size, and the counter of its messages.
   uint64_t* open_run_ = nullptr;
   uint64_t run_header_ = 0;
   uint64_t run_limit_ = 0;
+  uint64_t run_start_ = 0;
+  uint64_t run_words_ = 1;
+  std::atomic<uint64_t>* run_counter_ = nullptr;
+
+  /// Writes the open run's count of payloads into its header (the payloads lie from run_start_
+  /// to write_) and counts them.
+  [[gnu::always_inline]] void close_run() {
+    if (run_header_ != 0) [[unlikely]]
+      close_open_run();
+  }
+  [[gnu::noinline]] void close_open_run() {
+    uint64_t payloads = (write_ - run_start_) / run_words_;
+    *open_run_ = run_header_ + ((payloads - 1) << kRunShift);
+    if (run_counter_ != nullptr) {
+      run_counter_->store(run_counter_->load(std::memory_order_relaxed) + payloads,
+                          std::memory_order_relaxed);
+    }
+    run_header_ = 0;
+  }
 
  public:
   // Producer-thread bookkeeping (never read by the consumer), on the producer's line.

@@ -1,0 +1,260 @@
+// bus::Publisher: Bus::publish() through a handle made once. The same deliveries, order, counts,
+// overflow policy and stop behaviour, whichever way a message goes (one by one, in a Batch's
+// runs, from an executor, to several inboxes).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <bus/bus.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/test_support.hpp"
+
+namespace {
+
+inline const bus::Topic<uint64_t> numbers{"publisher_test.numbers"};
+inline const bus::Topic<uint64_t> quiet{"publisher_test.quiet"};
+inline const bus::Topic<uint64_t> failing{"publisher_test.failing", bus::Overflow::kFail};
+inline const bus::Topic<std::string> texts{"publisher_test.texts"};
+
+/// A subscriber's view, read once the bus has stopped.
+struct Seen {
+  std::vector<uint64_t> values;
+  void take(uint64_t v) { values.push_back(v); }
+};
+
+std::vector<uint64_t> one_to(uint64_t n) {
+  std::vector<uint64_t> v(n);
+  for (uint64_t i = 0; i < n; ++i) v[i] = i + 1;
+  return v;
+}
+
+uint64_t published(bus::Bus& bus, std::string_view name) {
+  const bus::ChannelStats* c = bus.stats().channel(name);
+  return c ? c->published : 0;
+}
+
+TEST(Publisher, PublishesLikeBusPublishInOrderAndCounted) {
+  constexpr uint64_t kN = 20'000;
+  std::optional<Seen> seen;
+  seen.emplace();
+  bus::Bus bus(bus::Options().executors(1));
+  auto sub = bus.subscribe(numbers, [&](const uint64_t& v) { seen->take(v); });
+  bus::Publisher<uint64_t> pub = bus.publisher(numbers);
+  EXPECT_EQ(pub.topic().id(), numbers.id());
+  for (uint64_t v = 1; v <= kN / 2; ++v) ASSERT_TRUE(pub.publish(v).ok());
+  // Bus::publish() and the handle share this thread's ring: one order.
+  for (uint64_t v = kN / 2 + 1; v <= kN; v += 2) {
+    ASSERT_TRUE(bus.publish(numbers, v).ok());
+    const uint64_t next = v + 1;  // an lvalue, then an rvalue
+    ASSERT_TRUE(pub.publish(next).ok());
+  }
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(seen->values, one_to(kN));
+  EXPECT_EQ(published(bus, "publisher_test.numbers"), kN);
+  EXPECT_EQ(bus.stats().channel("publisher_test.numbers")->delivered, kN);
+}
+
+TEST(Publisher, RunsInABatchAreCountedOnceEachAndKeepOrder) {
+  // In a Batch the handle's messages join run records, counted when each run closes: at the
+  // Batch's end, at a record of another topic, at 256 payloads.
+  constexpr uint64_t kRounds = 40, kPerRound = 700;
+  Seen a, b;
+  bus::Bus bus(bus::Options().executors(1));
+  auto sa = bus.subscribe(numbers, [&](const uint64_t& v) { a.take(v); });
+  auto sb = bus.subscribe(quiet, [&](const uint64_t& v) { b.take(v); });
+  auto pub = bus.publisher(numbers);
+  uint64_t next = 1, other = 1;
+  for (uint64_t r = 0; r < kRounds; ++r) {
+    bus::Batch batch(bus);
+    ASSERT_TRUE(batch.accepted());
+    for (uint64_t i = 0; i < kPerRound; ++i) {
+      ASSERT_TRUE(pub.publish(next++).ok());
+      if (i % 97 == 0) ASSERT_TRUE(bus.publish(quiet, other++).ok());  // closes the run
+      if (i % 300 == 0) batch.flush();                                 // so does a flush
+    }
+  }
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(a.values, one_to(kRounds * kPerRound));
+  EXPECT_EQ(b.values, one_to(other - 1));
+  EXPECT_EQ(published(bus, "publisher_test.numbers"), kRounds * kPerRound);
+  EXPECT_EQ(published(bus, "publisher_test.quiet"), other - 1);
+}
+
+TEST(Publisher, SeesSubscribersComeAndGo) {
+  // A subscriber on another inbox gets what is published after subscribe() returned; after its
+  // cancel() returned, nothing more. The handle resolves its route again each time.
+  std::vector<uint64_t> first, second;
+  std::atomic<uint64_t> second_count{0};
+  bus::Bus bus(bus::Options().executors(2));
+  auto pub = bus.publisher(numbers);
+  EXPECT_TRUE(pub.publish(uint64_t{1}).ok());  // no subscriber yet: published to nobody, still OK
+  auto s1 = bus.subscribe(
+      numbers, [&](const uint64_t& v) { first.push_back(v); }, bus::on_executor(0));
+  for (uint64_t v = 2; v <= 100; ++v) ASSERT_TRUE(pub.publish(v).ok());
+  {
+    bus::Subscription s2 = bus.subscribe(
+        numbers,
+        [&](const uint64_t& v) {
+          second.push_back(v);
+          ++second_count;
+        },
+        bus::on_executor(1));
+    for (uint64_t v = 101; v <= 200; ++v) ASSERT_TRUE(pub.publish(v).ok());
+    {
+      bus::Batch batch(bus);  // to two inboxes inside a Batch: a run on each
+      for (uint64_t v = 201; v <= 300; ++v) ASSERT_TRUE(pub.publish(v).ok());
+    }
+    s2.cancel();
+  }
+  const uint64_t after_cancel = second_count.load();
+  for (uint64_t v = 301; v <= 400; ++v) ASSERT_TRUE(pub.publish(v).ok());
+  ASSERT_TRUE(bus.stop().ok());
+  std::vector<uint64_t> expected_first;
+  for (uint64_t v = 2; v <= 400; ++v) expected_first.push_back(v);
+  EXPECT_EQ(first, expected_first);
+  std::vector<uint64_t> expected_second;
+  for (uint64_t v = 101; v <= 300; ++v) expected_second.push_back(v);
+  EXPECT_EQ(second, expected_second);
+  EXPECT_EQ(after_cancel, 200u);
+  EXPECT_EQ(published(bus, "publisher_test.numbers"), 400u);
+}
+
+TEST(Publisher, TheLastSubscriberLeavingDuringABatchRunsNoHandlerAndEveryMessageIsCounted) {
+  // Another thread cancels the last subscription while this thread's Batch has a run open:
+  // what joins the run after that reaches no handler, as what was in it already does (the
+  // Batch had published none of it when cancel() returned). Every message counts as published,
+  // as Bus::publish() counts one to a topic without subscribers.
+  std::atomic<uint64_t> got{0};
+  bus::Bus bus(bus::Options().executors(1));
+  auto pub = bus.publisher(numbers);
+  bus::Subscription sub = bus.subscribe(
+      numbers, [&](const uint64_t&) { ++got; }, bus::on_executor(0));
+  {
+    bus::Batch batch(bus);
+    for (uint64_t v = 1; v <= 10; ++v) ASSERT_TRUE(pub.publish(v).ok());
+    std::thread([&] { sub.cancel(); }).join();
+    for (uint64_t v = 11; v <= 20; ++v) ASSERT_TRUE(pub.publish(v).ok());
+  }
+  for (uint64_t v = 21; v <= 30; ++v) ASSERT_TRUE(pub.publish(v).ok());
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(got.load(), 0u);
+  EXPECT_EQ(published(bus, "publisher_test.numbers"), 30u);
+}
+
+TEST(Publisher, AFullRingUnderTheFailPolicyFailsAndCountsLikeBusPublish) {
+  bus::Bus bus(bus::Options().executors(1).ring_bytes(512));
+  bus_test::Gate gate;
+  std::atomic<uint64_t> got{0};
+  auto sub = bus.subscribe(
+      failing,
+      [&](const uint64_t&) {
+        gate.wait();
+        ++got;
+      },
+      bus::on_executor(0));
+  auto pub = bus.publisher(failing);
+  uint64_t ok = 0, refused = 0;
+  for (int i = 0; i < 1000; ++i) {
+    absl::Status s = pub.publish(uint64_t{7});
+    if (s.ok()) {
+      ++ok;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+      ++refused;
+    }
+  }
+  gate.open();
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_GT(refused, 0u);
+  EXPECT_EQ(got.load(), ok);
+  const bus::ChannelStats* c = bus.stats().channel("publisher_test.failing");
+  EXPECT_EQ(c->published, ok);
+  EXPECT_EQ(c->failed, refused);
+}
+
+TEST(Publisher, FromAnExecutorItsMessagesGoOutAtTheEndOfTheHandlerBatch) {
+  constexpr uint64_t kN = 30'000;
+  std::optional<Seen> seen;
+  seen.emplace();
+  std::atomic<int> errors{0};
+  bus::Bus bus(bus::Options().executors(2));
+  auto sub = bus.subscribe(
+      numbers, [&](const uint64_t& v) { seen->take(v); }, bus::on_executor(1));
+  ASSERT_TRUE(bus.post(bus::on_executor(0),
+                       [&] {
+                         auto pub = bus.publisher(numbers);  // made on the executor's thread
+                         for (uint64_t v = 1; v <= kN; ++v) {
+                           if (!pub.publish(v).ok()) ++errors;
+                         }
+                       })
+                  .ok());
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(seen->values, one_to(kN));
+  EXPECT_EQ(published(bus, "publisher_test.numbers"), kN);
+}
+
+TEST(Publisher, MovesAndOutlivesItsBus) {
+  std::vector<std::string> got;
+  std::optional<bus::Publisher<std::string>> kept;
+  {
+    bus::Bus bus(bus::Options().executors(1));
+    auto sub = bus.subscribe(texts, [&](const std::string& s) { got.push_back(s); });
+    bus::Publisher<std::string> first = bus.publisher(texts);
+    ASSERT_TRUE(first.publish(std::string(100, 'a')).ok());  // boxed: a heap payload
+    bus::Publisher<std::string> moved = std::move(first);
+    const std::string b = "b";
+    ASSERT_TRUE(moved.publish(b).ok());
+    kept.emplace(std::move(moved));
+    ASSERT_TRUE(bus.stop().ok());
+    EXPECT_EQ(kept->publish(std::string("after stop")).code(), absl::StatusCode::kUnavailable);
+  }
+  // The bus is gone; the handle keeps what it needs, and refuses.
+  EXPECT_EQ(kept->publish(std::string("after the bus")).code(), absl::StatusCode::kUnavailable);
+  kept.reset();
+  EXPECT_EQ(got, (std::vector<std::string>{std::string(100, 'a'), "b"}));
+}
+
+TEST(Publisher, ThreadsWithHandlesOfTheirOwnKeepTheirOwnOrder) {
+  constexpr uint64_t kPerThread = 20'000;
+  constexpr int kThreads = 3;
+  std::vector<uint64_t> last(kThreads, 0);
+  std::atomic<int> out_of_order{0};
+  std::atomic<uint64_t> got{0};
+  bus::Bus bus(bus::Options().executors(1));
+  auto sub = bus.subscribe(numbers, [&](const uint64_t& v) {
+    uint64_t t = v >> 32, seq = v & 0xffffffff;
+    if (seq != last[t] + 1) ++out_of_order;
+    last[t] = seq;
+    ++got;
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto pub = bus.publisher(numbers);
+      for (uint64_t i = 1; i <= kPerThread; ++i) {
+        if (t == 1 && i % 64 == 1) {  // one thread in Batches of 64
+          bus::Batch batch(bus);
+          for (uint64_t k = i; k < i + 64 && k <= kPerThread; ++k) {
+            EXPECT_TRUE(pub.publish((uint64_t{1} << 32) | k).ok());
+          }
+          i += 63;
+          continue;
+        }
+        EXPECT_TRUE(pub.publish((uint64_t(t) << 32) | i).ok());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(out_of_order.load(), 0);
+  EXPECT_EQ(got.load(), kThreads * kPerThread);
+  EXPECT_EQ(published(bus, "publisher_test.numbers"), kThreads * kPerThread);
+}
+
+}  // namespace
