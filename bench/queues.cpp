@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -659,8 +660,8 @@ struct Done {
 };
 
 /// A plain thread (on executor 0's core; that executor stays parked) publishes per message to
-/// one subscriber on executor 1.
-template <class T>
+/// one subscriber on executor 1: with Bus::publish, or (`kHandle`) a bus::Publisher.
+template <class T, bool kHandle = false>
 Sample bus_publish(uint64_t n) {
   bus::Bus b(bus_options());
   Check chk;
@@ -675,9 +676,14 @@ Sample bus_publish(uint64_t n) {
   Clock::time_point t0;
   {
     PinScope pin(kProducerCore);
+    bus::Publisher<T> pub = b.publisher(topic_of<T>());
     t0 = Clock::now();
     for (uint64_t i = 1; i <= n; ++i) {
-      if (!b.publish(topic_of<T>(), make<T>(i)).ok()) fail("publish refused");
+      if constexpr (kHandle) {
+        if (!pub.publish(make<T>(i)).ok()) fail("publish refused");
+      } else {
+        if (!b.publish(topic_of<T>(), make<T>(i)).ok()) fail("publish refused");
+      }
     }
   }
   done.wait();
@@ -689,7 +695,7 @@ Sample bus_publish(uint64_t n) {
 /// The producer is a handler on executor 0 that publishes kChunk messages and posts itself
 /// again: an executor's sends are published once per handler batch (see bus_throughput.cpp).
 /// `subscribers` subscribers: the first on executor 1, then alternating.
-template <class T>
+template <class T, bool kHandle = false>
 Sample bus_batched(uint64_t n, int subscribers = 1) {
   bus::Bus b(bus_options());
   std::vector<Check> chk(subscribers);
@@ -707,11 +713,17 @@ Sample bus_batched(uint64_t n, int subscribers = 1) {
   }
   struct alignas(64) {  // the producer's, away from what the subscribers touch
     uint64_t next = 1;
+    std::optional<bus::Publisher<T>> pub;  // made on executor 0, the thread that uses it
   } prod;
   std::function<void()> chunk = [&] {
     uint64_t& next = prod.next;
+    if (kHandle && !prod.pub) prod.pub.emplace(b.publisher(topic_of<T>()));
     for (uint64_t end = std::min(n, next + kChunk - 1); next <= end; ++next) {
-      if (!b.publish(topic_of<T>(), make<T>(next)).ok()) fail("publish from executor refused");
+      if constexpr (kHandle) {
+        if (!prod.pub->publish(make<T>(next)).ok()) fail("publish from executor refused");
+      } else {
+        if (!b.publish(topic_of<T>(), make<T>(next)).ok()) fail("publish from executor refused");
+      }
     }
     if (next <= n && !b.post(bus::on_executor(0), chunk).ok()) fail("post refused");
   };
@@ -798,7 +810,7 @@ Sample bus_bulk_two_to_one(uint64_t n) {
 
 /// Two plain threads (both on the producer core) publish to one subscriber on executor 1,
 /// per message or inside a bus::Batch of kBusBatch.
-Sample bus_two_to_one(uint64_t n, bool batch) {
+Sample bus_two_to_one(uint64_t n, bool batch, bool handle = false) {
   bus::Bus b(bus_options());
   uint64_t m = n / 2;
   Check2 chk;
@@ -813,18 +825,18 @@ Sample bus_two_to_one(uint64_t n, bool batch) {
   auto [t0, t1] = run_two_to_one(
       [&](int p) {
         uint64_t base = uint64_t(p) << kProducerShift;
+        bus::Publisher<uint64_t> pub = b.publisher(u64_topic);  // this producer thread's
+        auto publish = [&](uint64_t v) {
+          if (!(handle ? pub.publish(v) : b.publish(u64_topic, v)).ok()) fail("publish refused");
+        };
         if (!batch) {
-          for (uint64_t i = 1; i <= m; ++i) {
-            if (!b.publish(u64_topic, base | i).ok()) fail("publish refused");
-          }
+          for (uint64_t i = 1; i <= m; ++i) publish(base | i);
           return;
         }
         for (uint64_t i = 1; i <= m;) {
           bus::Batch scope(b);
           if (!scope.accepted()) fail("batch refused");
-          for (uint64_t end = std::min(m, i + kBusBatch - 1); i <= end; ++i) {
-            if (!b.publish(u64_topic, base | i).ok()) fail("publish refused");
-          }
+          for (uint64_t end = std::min(m, i + kBusBatch - 1); i <= end; ++i) publish(base | i);
         }
       },
       [&] { done.wait(); });
@@ -1007,8 +1019,11 @@ int main(int argc, char** argv) {
 #endif
   add("mutex", "std::mutex + std::deque", 0, false, mutex_deque);
   add("bus", "bus publish, plain thread", 1, false, bus_publish<uint64_t>);
+  add("pub", "bus Publisher, plain thread", 1, false, bus_publish<uint64_t, true>);
   add("busb", "bus batched, executor -> executor", 1, false,
       [](uint64_t n) { return bus_batched<uint64_t>(n); });
+  add("pubb", "bus Publisher batched, executor -> executor", 1, false,
+      [](uint64_t n) { return bus_batched<uint64_t, true>(n); });
   add("busbulk", "bus bulk 256, executor -> executor", 1, false, bus_bulk<uint64_t>);
   // 1 -> 1, 64-byte struct
   add("ring64/64B", "plain ring, tail per 64", 2, false, plain_ring<Item64, 64>);
@@ -1026,8 +1041,11 @@ int main(int argc, char** argv) {
   add("boost256/64B", "boost spsc_queue, bulk 256", 0, false, none, no_boost);
 #endif
   add("bus/64B", "bus publish, plain thread", 1, false, bus_publish<Item64>);
+  add("pub/64B", "bus Publisher, plain thread", 1, false, bus_publish<Item64, true>);
   add("busb/64B", "bus batched, executor -> executor", 1, false,
       [](uint64_t n) { return bus_batched<Item64>(n); });
+  add("pubb/64B", "bus Publisher batched, executor -> executor", 1, false,
+      [](uint64_t n) { return bus_batched<Item64, true>(n); });
   add("busbulk/64B", "bus bulk 256, executor -> executor", 1, false, bus_bulk<Item64>);
   // 2 -> 1
 #if BUS_QUEUES_HAVE_CONCURRENTQUEUE
@@ -1039,6 +1057,10 @@ int main(int argc, char** argv) {
       [](uint64_t n) { return bus_two_to_one(n, false); });
   add("busbatch/2to1", "bus Batch of 256, 2 plain threads", 1, false,
       [](uint64_t n) { return bus_two_to_one(n, true); });
+  add("pub/2to1", "bus Publisher, 2 plain threads", 1, false,
+      [](uint64_t n) { return bus_two_to_one(n, false, true); });
+  add("pubbatch/2to1", "bus Publisher in a Batch of 256, 2 plain threads", 1, false,
+      [](uint64_t n) { return bus_two_to_one(n, true, true); });
   add("busbulk/2to1", "bus bulk 256, 2 plain threads", 1, false, bus_bulk_two_to_one);
   // 1 -> 4
   add("busb/fanout", "bus batched, 4 subscribers on 2 executors", 1, false,
@@ -1060,19 +1082,31 @@ int main(int argc, char** argv) {
        "1 -> 1",
        false,
        {"ring64", "ring1024", "aq", "aq2", "boost1", "boost256", "rwq", "cq1", "cq256", "zmq",
-        "mutex", "bus", "busb", "busbulk"},
-       {{"publish/x", "bus"}, {"batched/x", "busb"}, {"bulk/x", "busbulk"}}},
+        "mutex", "bus", "pub", "busb", "pubb", "busbulk"},
+       {{"publish/x", "bus"},
+        {"Publ./x", "pub"},
+        {"batched/x", "busb"},
+        {"Pub.b/x", "pubb"},
+        {"bulk/x", "busbulk"}}},
       {"1 -> 1, 64-byte struct",
        "1 -> 1, 64 B",
        false,
-       {"ring64/64B", "aq2/64B", "boost1/64B", "boost256/64B", "bus/64B", "busb/64B",
-        "busbulk/64B"},
-       {{"publish/x", "bus/64B"}, {"batched/x", "busb/64B"}, {"bulk/x", "busbulk/64B"}}},
+       {"ring64/64B", "aq2/64B", "boost1/64B", "boost256/64B", "bus/64B", "pub/64B", "busb/64B",
+        "pubb/64B", "busbulk/64B"},
+       {{"publish/x", "bus/64B"},
+        {"Publ./x", "pub/64B"},
+        {"batched/x", "busb/64B"},
+        {"Pub.b/x", "pubb/64B"},
+        {"bulk/x", "busbulk/64B"}}},
       {"2 -> 1, 8-byte items, per-producer FIFO checked (both producers on core 0)",
        "2 -> 1",
        false,
-       {"cq256/2to1", "bus/2to1", "busbatch/2to1", "busbulk/2to1"},
-       {{"publish/x", "bus/2to1"}, {"Batch/x", "busbatch/2to1"}, {"bulk/x", "busbulk/2to1"}}},
+       {"cq256/2to1", "bus/2to1", "pub/2to1", "busbatch/2to1", "pubbatch/2to1", "busbulk/2to1"},
+       {{"publish/x", "bus/2to1"},
+        {"Publ./x", "pub/2to1"},
+        {"Batch/x", "busbatch/2to1"},
+        {"Pub.B/x", "pubbatch/2to1"},
+        {"bulk/x", "busbulk/2to1"}}},
       {"1 -> 4 subscribers on 2 executors, 8-byte items (messages/s; deliveries are 4x)",
        "1 -> 4, msg/s",
        false,
@@ -1193,6 +1227,8 @@ int main(int argc, char** argv) {
   // handler), and the bulk calls (publish_bulk -> subscribe_bulk), as the peers' bulk rows.
   target("batched 1->1 / plain ring tail per 64", "busb", "ring64", false, 0.8, true);
   target("batched 1->1 / boost spsc bulk 256", "busb", "boost256", false, 1.0, true);
+  target("Publisher batched 1->1 / plain ring tail per 64", "pubb", "ring64", false, 0.8, true);
+  target("Publisher batched 1->1 / boost spsc bulk 256", "pubb", "boost256", false, 1.0, true);
   target("bulk 256 1->1 / plain ring tail per 64", "busbulk", "ring64", false, 0.8, true);
   target("bulk 256 1->1 / boost spsc bulk 256", "busbulk", "boost256", false, 1.0, true);
   {
@@ -1200,11 +1236,16 @@ int main(int argc, char** argv) {
     std::string fastest = med("aq", false) >= med("aq2", false) ? "aq" : "aq2";
     target(("publish 1->1 / atomic_queue fastest (" + by_id.at(fastest)->name + ")").c_str(), "bus",
            fastest, false, 1.0, true);
+    target("Publisher 1->1 / atomic_queue fastest", "pub", fastest, false, 1.0, true);
   }
   target("publish 2->1 / ConcurrentQueue bulk 256 2->1", "bus/2to1", "cq256/2to1", false, 1.0,
          true);
+  target("Publisher 2->1 / ConcurrentQueue bulk 256 2->1", "pub/2to1", "cq256/2to1", false, 1.0,
+         true);
   target("Batch(256) 2->1 / ConcurrentQueue bulk 256 2->1", "busbatch/2to1", "cq256/2to1", false,
          1.0, true);
+  target("Publisher Batch(256) 2->1 / ConcurrentQueue bulk 256 2->1", "pubbatch/2to1", "cq256/2to1",
+         false, 1.0, true);
   target("bulk 256 2->1 / ConcurrentQueue bulk 256 2->1", "busbulk/2to1", "cq256/2to1", false, 1.0,
          true);
   target("round trip p50, spinning / atomic_queue ping-pong", "bus/rtt", "aq/rtt", true, 1.5,

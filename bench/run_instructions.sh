@@ -38,6 +38,8 @@ out=bench/results/instructions-$(date +%Y-%m-%d).txt
   ring1=$(per_message ring1)
   bus=$(per_message bus)
   busbatch=$(per_message busbatch)
+  pub=$(per_message pub)
+  pubbatch=$(per_message pubbatch)
   busbulk=$(per_message busbulk)
   printf '%-52s %10s %10s\n' "case (8-byte messages, 64 per round)" "instr/msg" "x ring"
   printf '%-52s %10s %10s\n' "plain ring, tail per 64" "$ring64" "1.00"
@@ -46,6 +48,10 @@ out=bench/results/instructions-$(date +%Y-%m-%d).txt
     "$(echo "scale=2; $bus / $ring1" | bc)"
   printf '%-52s %10s %10s\n' "bus publish in a Batch (vs tail per 64)" "$busbatch" \
     "$(echo "scale=2; $busbatch / $ring64" | bc)"
+  printf '%-52s %10s %10s\n' "bus Publisher per message (vs tail per item)" "$pub" \
+    "$(echo "scale=2; $pub / $ring1" | bc)"
+  printf '%-52s %10s %10s\n' "bus Publisher in a Batch (vs tail per 64)" "$pubbatch" \
+    "$(echo "scale=2; $pubbatch / $ring64" | bc)"
   printf '%-52s %10s %10s\n' "bus publish_bulk -> subscribe_bulk (vs tail per 64)" "$busbulk" \
     "$(echo "scale=2; $busbulk / $ring64" | bc)"
   echo "target (issue 3): at most 2x the plain ring's"

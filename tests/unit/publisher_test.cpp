@@ -34,7 +34,8 @@ std::vector<uint64_t> one_to(uint64_t n) {
 }
 
 uint64_t published(bus::Bus& bus, std::string_view name) {
-  const bus::ChannelStats* c = bus.stats().channel(name);
+  const bus::Stats stats = bus.stats();
+  const bus::ChannelStats* c = stats.channel(name);
   return c ? c->published : 0;
 }
 
@@ -172,7 +173,9 @@ TEST(Publisher, AFullRingUnderTheFailPolicyFailsAndCountsLikeBusPublish) {
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_GT(refused, 0u);
   EXPECT_EQ(got.load(), ok);
-  const bus::ChannelStats* c = bus.stats().channel("publisher_test.failing");
+  const bus::Stats stats = bus.stats();
+  const bus::ChannelStats* c = stats.channel("publisher_test.failing");
+  ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->published, ok);
   EXPECT_EQ(c->failed, refused);
 }
