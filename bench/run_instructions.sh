@@ -4,9 +4,10 @@
 # instructions where wall time moves 2-3x. Each case runs at two message counts; the difference
 # in instructions over the difference in messages is the per-message figure.
 #
-#   bash bench/run_instructions.sh            # raw output: bench/results/instructions-<date>.txt
+#   bash bench/run_instructions.sh   # raw output: bench/results/instructions-<date>-<commit>.txt
 #
-# Environment: BUILD_DIR (default build-queues), N (default 100000: the runs use N and 2N).
+# Environment: OUT (the raw output's path), BUILD_DIR (default build-queues), N (default 100000:
+# the runs use N and 2N).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +31,8 @@ per_message() {
 }
 
 mkdir -p bench/results
-out=bench/results/instructions-$(date +%Y-%m-%d).txt
+# Named by date and commit (OUT overrides), as run_queues.sh names its output.
+out=${OUT:-bench/results/instructions-$(date +%F)-$(git rev-parse --short HEAD 2>/dev/null || echo unknown).txt}
 {
   echo "bus_instructions under callgrind, commit $(git rev-parse --short HEAD), N=$n and $((2 * n))"
   echo "command: bash bench/run_instructions.sh"
