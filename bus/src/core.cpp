@@ -275,6 +275,7 @@ void Core::run_executor(Inbox& in, unsigned index) {
       user_timers_dropped = true;
     }
     std::size_t n = 0;
+    in.take_hurry();
     if (!p.backlog.empty()) n += p.drain_backlog();
     // While it holds a backlog, an executor stops taking work from plain threads (they block,
     // the back-pressure the policy promises them) and from itself (a handler re-posting itself
@@ -309,7 +310,13 @@ void Core::run_executor(Inbox& in, unsigned index) {
           std::this_thread::yield();  // a syscall: worth the full look every time
           paused += 64;
         } else {
-          for (int i = 0; i < pauses; ++i) cpu_relax();
+          // A producer waiting for room (Inbox::hurry) ends the spacing at once: it has
+          // published what it built, and waits for this core to take it.
+          int i = 0;
+          while (i < pauses && !in.hurried()) {
+            cpu_relax();
+            ++i;
+          }
           paused += pauses;
         }
         work = in.has_records();

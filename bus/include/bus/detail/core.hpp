@@ -388,6 +388,7 @@ template <class P, class... A>
                          channel_info(channel).name, "', overflow policy: fail)"));
       case Overflow::kBlock: break;
     }
+    dest.hurry();  // a spinning consumer looks now, not at its next spaced look
     if (p.executor && r.held == 0) {
       // The consumer usually frees room within microseconds: a bounded spin costs less than
       // holding the record back (an allocation). Bounded, so two executors cannot wait forever.

@@ -111,6 +111,11 @@ class Inbox {
     if (sleeping_.load(std::memory_order_relaxed) != 0) wake();
   }
   void wake();
+  /// Called by a producer that found its ring to this inbox full and waits for room: a spinning
+  /// owner looks at its rings at once instead of at its next spaced look (see run_executor).
+  void hurry() {
+    if (hurry_.load(std::memory_order_relaxed) == 0) hurry_.store(1, std::memory_order_relaxed);
+  }
   /// The eventfd an external loop polls (-1 for executors).
   int eventfd() const { return eventfd_; }
 
@@ -123,6 +128,11 @@ class Inbox {
   std::size_t run_once(bool plain_rings = true);
   /// True when a record is waiting in some ring or a timer is due.
   bool ready();
+  /// True after hurry(), until take_hurry().
+  bool hurried() const { return hurry_.load(std::memory_order_relaxed) != 0; }
+  void take_hurry() {
+    if (hurried()) hurry_.store(0, std::memory_order_relaxed);
+  }
   /// True when a record, a new ring or a deferred call is waiting (no clock read: the spin loop).
   bool has_records() {
     if (!deferred_.empty() || incoming_.load(std::memory_order_relaxed) != nullptr) return true;
@@ -216,6 +226,8 @@ class Inbox {
   int eventfd_ = -1;
 
   alignas(kCacheLine) std::atomic<uint32_t> sleeping_{0};  // futex word: 1 while parked
+  // Producers read sleeping_ and the owner reads hurry_ often; both are written rarely.
+  std::atomic<uint32_t> hurry_{0};
   alignas(kCacheLine) std::atomic<Node*> incoming_{nullptr};
   std::atomic<uint64_t> last_timer_{0};
 
