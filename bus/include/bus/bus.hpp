@@ -250,14 +250,15 @@ class Bus {
   absl::Status run_on(detail::Inbox& inbox, F&& fn, bool wait);
   template <class F>
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
-  /// publish() and Publisher::publish(): enters (unless a Batch did), tries `route` when
-  /// `routed`, else or when that fails calls `slow(msg)`, and leaves.
+  /// publish() and Publisher::publish(): enters (a plain thread outside a Batch), tries `route`
+  /// when `routed`, else or when that fails calls `slow(msg)`, and leaves.
   template <class T, class U, class Slow>
   [[gnu::always_inline]] static inline absl::Status publish_gated(
       detail::Core& c, detail::Producer& p, bool routed, const detail::Producer::Route& route,
       U&& msg, Slow&& slow);
   /// publish() through `route` (this thread's route for the topic, or a Publisher's) while it
-  /// still holds: true when the message went into the ring (`msg` is untouched otherwise).
+  /// still holds: true when the message went into the ring (`msg` is untouched otherwise). Only
+  /// whether `g` is the plain gate matters: a Batch and an executor commit alike.
   template <class T, class U>
   [[gnu::always_inline]] static inline bool publish_routed(detail::Producer& p,
                                                            detail::Producer::Gate g,
@@ -677,47 +678,46 @@ absl::Status Publisher<T>::publish(U&& msg) {
 template <class T, class U, class Slow>
 absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool routed,
                                 const detail::Producer::Route& route, U&& msg, Slow&& slow) {
-  if constexpr (std::is_same_v<std::remove_cvref_t<U>, T> && std::is_trivially_copyable_v<T> &&
-                sizeof(T) <= 16) {
-    // A small message by value: the caller's variable does not have to live in memory (its
-    // address would reach the out-of-line slow path).
-    if constexpr (std::is_lvalue_reference_v<U>) {
+  // The slow path gets a small message by value: the caller's variable's address never leaves
+  // the inline path, so it can live in a register.
+  auto call_slow = [&]() -> absl::Status {
+    if constexpr (std::is_trivially_copyable_v<T> && sizeof(T) <= 16) {
       T copy = msg;
-      return publish_gated<T>(c, p, routed, route, std::move(copy), std::forward<Slow>(slow));
-    }
-  }
-  using Gate = detail::Producer::Gate;
-  // One inline path per gate, each with its gate known to the compiler.
-  auto gated = [&]<Gate g>(std::integral_constant<Gate, g>) -> absl::Status {
-    if constexpr (g == Gate::kBatchGate) {  // entered when the Batch began
-      if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) return absl::OkStatus();
-      return slow(std::forward<U>(msg));
+      return slow(std::move(copy));
     } else {
-      if (!c.enter(p, g)) [[unlikely]]
-        return detail::Core::stopped_status();
-      if constexpr (std::is_nothrow_constructible_v<T, U&&>) {
-        // Nothing on the inline path can throw: no scope guard (it would keep the result in
-        // memory).
-        if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) [[likely]] {
-          detail::Core::leave(p, g);
-          return absl::OkStatus();
-        }
-        detail::Leave leave{p, g};
-        return slow(std::forward<U>(msg));
-      } else {
-        detail::Leave leave{p, g};  // also when building the message throws
-        if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) [[likely]]
-          return absl::OkStatus();
-        return slow(std::forward<U>(msg));
-      }
+      return slow(std::forward<U>(msg));
     }
   };
-  switch (p.gate) {
-    case Gate::kBatchGate: return gated(std::integral_constant<Gate, Gate::kBatchGate>{});
-    case Gate::kExecutorGate: return gated(std::integral_constant<Gate, Gate::kExecutorGate>{});
-    case Gate::kPlainGate: break;
+  using Gate = detail::Producer::Gate;
+  const Gate gate = p.gate;
+  // Inside a Batch (entered when it began) or on an executor: the records are published at the
+  // Batch's end or the executor's flush. The two take one inline path: they differ only in the
+  // executor's look at whether the bus has stopped.
+  if (gate == Gate::kBatchGate ||
+      (gate == Gate::kExecutorGate && c.state() != detail::State::kStopped)) {
+    if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg)))
+      return absl::OkStatus();
+    return call_slow();
   }
-  return gated(std::integral_constant<Gate, Gate::kPlainGate>{});
+  if (gate == Gate::kExecutorGate) return detail::Core::stopped_status();
+  // A plain thread: enter (stop() waits for it), publish the record, wake, leave.
+  constexpr Gate g = Gate::kPlainGate;
+  if (!c.enter(p, g)) [[unlikely]]
+    return detail::Core::stopped_status();
+  if constexpr (std::is_nothrow_constructible_v<T, U&&>) {
+    // Nothing on the inline path can throw: no scope guard (it would keep the result in memory).
+    if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) [[likely]] {
+      detail::Core::leave(p, g);
+      return absl::OkStatus();
+    }
+    detail::Leave leave{p, g};
+    return call_slow();
+  } else {
+    detail::Leave leave{p, g};  // also when building the message throws
+    if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) [[likely]]
+      return absl::OkStatus();
+    return call_slow();
+  }
 }
 
 template <class T>

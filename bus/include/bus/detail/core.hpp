@@ -231,10 +231,13 @@ class Core {
     uint64_t* w = r.try_reserve(kWords);
     if (w == nullptr) [[unlikely]]
       return false;
+    // Where the record ends, read before the stores below (a word store may alias the ring's
+    // own position, and the compiler would read it again).
+    const uint64_t end = r.write_position() + kWords;
     w[0] = reinterpret_cast<uint64_t>(target);
     Payload<P>::construct(w + 1, std::forward<A>(args)...);
     if (g == Producer::kPlainGate) {
-      r.commit_unrun(kWords);  // a plain thread publishes at once: its runs would end here
+      r.commit_unrun_to(end);  // a plain thread publishes at once: its runs would end here
     } else if (kRun) {
       r.commit_run(w, kWords, counter);
     } else {

@@ -76,10 +76,13 @@ class Ring {
     close_run();
     write_ += words;
   }
-  /// commit() when no run can be open: a plain thread outside a Batch never opens one.
-  void commit_unrun(uint32_t words) {
+  /// The producer's write position (the next word try_reserve() hands out, after a wrap).
+  uint64_t write_position() const { return write_; }
+  /// commit() of the record that ends at `end`, when no run can be open: a plain thread outside a
+  /// Batch never opens one.
+  void commit_unrun_to(uint64_t end) {
     assert(run_header_ == 0);
-    write_ += words;
+    write_ = end;
   }
   /// Commits the record at `record` as an open run: extend_at() appends payloads to it until
   /// the run closes (the next publish, commit or run). When it closes, its header gets its
