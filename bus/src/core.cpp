@@ -312,10 +312,12 @@ void Core::run_executor(Inbox& in, unsigned index) {
         } else {
           // A producer waiting for room (Inbox::hurry) ends the spacing at once: it has
           // published what it built, and waits for this core to take it.
-          int i = 0;
-          while (i < pauses && !in.hurried()) {
+          for (int i = 0; i < pauses; ++i) {
+            if (in.hurried()) {
+              in.take_hurry();  // (a flag set during the pass only costs one early look)
+              break;
+            }
             cpu_relax();
-            ++i;
           }
           paused += pauses;
         }

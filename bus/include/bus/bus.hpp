@@ -363,10 +363,11 @@ class Batch {
 /// one topic. Inside a Batch, or on an executor, messages to a topic whose subscribers are on one
 /// inbox join one run record: the handle then costs little more than a store into the ring.
 ///
-/// Made by Bus::publisher() on the thread that publishes with it, and used on that thread only
-/// (a debug build asserts it); it may be destroyed anywhere. It keeps the bus's shared state
-/// alive: once the bus has stopped, publish() returns Unavailable as Bus::publish() does.
-/// Subscribers that come and go are seen at the next publish(), as with Bus::publish().
+/// Made by Bus::publisher() on the thread that publishes with it, and used on that thread only,
+/// while its Bus exists (a debug build asserts both); it may be destroyed anywhere, before or
+/// after the Bus. It does not keep the bus alive (so a handler or a service may hold one): once
+/// the bus has stopped, publish() returns Unavailable as Bus::publish() does. Subscribers that
+/// come and go are seen at the next publish(), as with Bus::publish().
 template <class T>
 class Publisher {
  public:
@@ -381,16 +382,22 @@ class Publisher {
 
  private:
   friend class Bus;
-  Publisher(std::shared_ptr<detail::Core> core, const Topic<T>& topic)
-      : core_(std::move(core)), producer_(&core_->producer()), topic_(topic) {
+  Publisher(const std::shared_ptr<detail::Core>& core, const Topic<T>& topic)
+      : core_(core.get()), producer_(&core->producer()), topic_(topic) {
+#ifndef NDEBUG
+    alive_ = core;
+#endif
     state_ = &Bus::topic_state(*core_, topic_);
     route_.channel = topic_.id();
     route_.state = state_;
-    route_.list = &route_;  // matches no target list: the first publish() resolves the route
+    route_.list = &detail::kUnresolvedRoute;  // no target list: the first publish() resolves
   }
 
-  std::shared_ptr<detail::Core> core_;
+  detail::Core* core_;  // not owned: a handler holding a Publisher must not keep its bus alive
   detail::Producer* producer_;
+#ifndef NDEBUG
+  std::weak_ptr<detail::Core> alive_;  // what the debug build's assert looks at
+#endif
   Topic<T> topic_;
   detail::TopicState<T>* state_;
   detail::Producer::Route route_;
@@ -668,6 +675,7 @@ absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
 template <class T>
 template <MessageOf<T> U>
 absl::Status Publisher<T>::publish(U&& msg) {
+  assert(!alive_.expired() && "a Publisher is used while its Bus exists");
   assert(&core_->producer() == producer_ && "a Publisher publishes on the thread that made it");
   detail::Producer& p = *producer_;
   return Bus::publish_gated<T>(*core_, p, true, route_, std::forward<U>(msg), [&]<class M>(M&& m) {
@@ -704,8 +712,10 @@ absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool route
   constexpr Gate g = Gate::kPlainGate;
   if (!c.enter(p, g)) [[unlikely]]
     return detail::Core::stopped_status();
-  if constexpr (std::is_nothrow_constructible_v<T, U&&>) {
-    // Nothing on the inline path can throw: no scope guard (it would keep the result in memory).
+  if constexpr (detail::Payload<T>::kInline && std::is_nothrow_constructible_v<T, U&&>) {
+    // Nothing on the inline path can throw (the message is built in the ring, not boxed with
+    // `new`, by a constructor that does not throw): no scope guard (it would keep the result in
+    // memory).
     if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) [[likely]] {
       detail::Core::leave(p, g);
       return absl::OkStatus();
@@ -787,6 +797,9 @@ absl::Status Bus::publish_to_list(detail::Core& c, detail::Producer& p,
   for (auto* t : list.targets) {
     if (t->live.load(std::memory_order_relaxed) == 0) continue;
     if (p.bridge && t->inbox == p.own_inbox) continue;  // see Producer
+    // A run of `t` opened by the one-inbox route counts its messages when it closes; what is
+    // sent here is counted per publish() (below): close that run rather than join it.
+    p.ring_to(*t->inbox).claim_run(reinterpret_cast<uint64_t>(t), nullptr);
     if (last) {
       absl::Status s = c.send<T, true>(p, *last->inbox, last, topic.overflow(), topic.id(),
                                        static_cast<const T&>(msg));

@@ -116,6 +116,9 @@ struct Producer {
   }
 };
 
+/// What an unresolved Route's `list` points to: no target list has its address.
+inline const char kUnresolvedRoute = 0;
+
 /// Per-bus state of one channel (its targets), kept in a chunked table read without a lock.
 class ChannelState {
  public:
