@@ -701,8 +701,7 @@ absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool route
   // Inside a Batch (entered when it began) or on an executor: the records are published at the
   // Batch's end or the executor's flush. The two take one inline path: they differ only in the
   // executor's look at whether the bus has stopped.
-  if (gate == Gate::kBatchGate ||
-      (gate == Gate::kExecutorGate && c.state() != detail::State::kStopped)) {
+  if (gate == Gate::kBatchGate || (gate == Gate::kExecutorGate && c.enter(p, gate))) {
     if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg)))
       return absl::OkStatus();
     return call_slow();
@@ -768,9 +767,6 @@ absl::Status Bus::publish_resolving(detail::Core& c, detail::Producer& p, detail
       detail::Ring& ring = p.ring_to(*t->inbox);
       auto* published = &p.counters.cell(topic.id(), detail::kPublished);
       route = {topic.id(), &st, list, t, &ring, published};
-      // A run of `t` opened while the topic had other subscribers is counted per publish();
-      // from here its messages are counted by the run.
-      ring.claim_run(reinterpret_cast<uint64_t>(t), published);
       const detail::Producer::Gate g = p.gate;
       if (detail::Core::append<T, true>(p, g, ring, *t->inbox, t, published,
                                         std::forward<U>(msg))) {
@@ -798,7 +794,9 @@ absl::Status Bus::publish_to_list(detail::Core& c, detail::Producer& p,
     if (t->live.load(std::memory_order_relaxed) == 0) continue;
     if (p.bridge && t->inbox == p.own_inbox) continue;  // see Producer
     // A run of `t` opened by the one-inbox route counts its messages when it closes; what is
-    // sent here is counted per publish() (below): close that run rather than join it.
+    // sent here is counted per publish() (below): close that run rather than join it. (The
+    // other way round cannot happen: a topic's target list only grows, so once a thread sends
+    // here it never takes the one-inbox route for the topic again.)
     p.ring_to(*t->inbox).claim_run(reinterpret_cast<uint64_t>(t), nullptr);
     if (last) {
       absl::Status s = c.send<T, true>(p, *last->inbox, last, topic.overflow(), topic.id(),
@@ -885,7 +883,6 @@ absl::Status Bus::publish_bulk(const Topic<T>& topic, std::span<const T> msgs) {
       // Counted by their runs as they close (see publish_resolving()).
       detail::Ring& ring = p.ring_to(*t->inbox);
       auto* published = &p.counters.cell(topic.id(), detail::kPublished);
-      ring.claim_run(reinterpret_cast<uint64_t>(t), published);
       done =
           detail::Core::append_all<T>(p, ring, *t->inbox, t, published, msgs.data(), msgs.size());
     }

@@ -100,7 +100,8 @@ class Ring {
     run_limit_ = std::min(write_limit_, write_ + uint64_t{kMaxRun - 1} * (words - 1));
   }
   /// Closes the open run of `header`'s target when it counts into another counter than
-  /// `counter` (or none), so that what joins it from now on is counted once.
+  /// `counter` (or none), so that what joins it from now on is counted once: the fan-out path,
+  /// which counts per publish(), closes a run the one-inbox route opened.
   void claim_run(uint64_t header, std::atomic<uint64_t>* counter) {
     if (run_header_ == header && run_counter_ != counter) close_run();
   }
