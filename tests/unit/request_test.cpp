@@ -55,6 +55,35 @@ TEST(Request, ReplyCallbackRunsOnTheRequestersExecutor) {
   EXPECT_EQ(got, "hi!");
 }
 
+// A request is latency-bound: it leaves at once, not when the handler batch that made it ends.
+TEST(Request, ARequestFromAHandlerLeavesBeforeTheHandlerReturns) {
+  bus::Bus bus(bus::Options().executors(2));
+  std::atomic<bool> served{false};
+  auto server = bus.serve(
+      greet,
+      [&](std::string&& n) {
+        served = true;
+        return n;
+      },
+      bus::on_executor(1));
+  std::atomic<bool> seen_inside{false};
+  std::atomic<bool> done{false};
+  auto sub = bus.subscribe(
+      kick,
+      [&](const int&) {
+        bus.request(greet, std::string("now"), 5s, [&](absl::StatusOr<std::string> r) {
+          EXPECT_EQ(r.value_or("error"), "now");
+          done = true;
+        });
+        // Still inside the handler: the server must get the request without this one returning.
+        seen_inside = bus_test::eventually([&] { return served.load(); });
+      },
+      bus::on_executor(0));
+  ASSERT_TRUE(bus.publish(kick, 1).ok());
+  ASSERT_TRUE(bus_test::eventually([&] { return done.load(); }));
+  EXPECT_TRUE(seen_inside.load());
+}
+
 TEST(Request, DeadlineFiresAndTheLateReplyIsDroppedAndCounted) {
   bus::Bus bus(bus::Options().executors(2));
   std::atomic<bool> release{false};

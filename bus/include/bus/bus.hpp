@@ -1009,6 +1009,9 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
     return;
   }
   p.counters.add(endpoint.id(), detail::kPublished);
+  // A request waits for its reply: it leaves at once (with what this thread sent before it), not
+  // at the end of the handler batch making it. A Batch still holds it until the Batch ends.
+  if (p.gate == detail::Producer::kExecutorGate) p.flush();
   home.add_pending(corr, endpoint.id(), deadline,
                    [cb = CB(std::forward<F>(callback))](absl::Status st, void* rep) mutable {
                      if (st.ok()) {
