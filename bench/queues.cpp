@@ -892,6 +892,43 @@ Sample bus_round_trip(uint64_t trips, bool parking) {
   return latency_sample(p.ns, seconds(p.start, p.done.at));
 }
 
+inline const bus::Topic<uint64_t> ping_topic{"bench.queues.ping"};
+inline const bus::Topic<uint64_t> pong_topic{"bench.queues.pong"};
+Sample bus_pub_ping_pong(uint64_t trips) {
+  bus::Bus b(bus_options());
+  uint64_t warm = std::min<uint64_t>(1000, trips / 10), total = trips + warm;
+  std::vector<double> ns;
+  ns.reserve(trips);
+  Clock::time_point sent, start;
+  uint64_t i = 0;
+  Done done;
+  auto s1 = b.subscribe(
+      ping_topic, [&](const uint64_t& v) { (void)b.publish(pong_topic, v + 1); },
+      bus::on_executor(1));
+  auto s0 = b.subscribe(
+      pong_topic,
+      [&](const uint64_t&) {
+        auto t = Clock::now();
+        if (i >= warm) ns.push_back(std::chrono::duration<double, std::nano>(t - sent).count());
+        if (++i < total) {
+          sent = Clock::now();
+          (void)b.publish(ping_topic, i);
+        } else {
+          done.set();
+        }
+      },
+      bus::on_executor(0));
+  start = Clock::now();
+  if (!b.post(bus::on_executor(0), [&] {
+          sent = Clock::now();
+          (void)b.publish(ping_topic, uint64_t{0});
+        }).ok())
+    fail("post");
+  done.wait();
+  (void)b.stop();
+  return latency_sample(ns, seconds(start, done.at));
+}
+
 // ---- the cases and the table ------------------------------------------------------------------
 
 struct Case {
@@ -1073,6 +1110,7 @@ int main(int argc, char** argv) {
 #endif
   add("bus/rtt", "bus request/reply, spinning executors", 1, true,
       [](uint64_t n) { return bus_round_trip(n, false); });
+  add("bus/pingpong", "bus publish ping-pong, 2 executors", 1, true, bus_pub_ping_pong);
   add("bus/rtt-park", "bus request/reply, parking (spin 0)", 1, true,
       [](uint64_t n) { return bus_round_trip(n, true); });
   cases.back().divisor = 10;
@@ -1115,7 +1153,7 @@ int main(int argc, char** argv) {
       {"request/reply round trip, 8-byte request and reply (ns; bus/x: lower is better)",
        "rtt",
        true,
-       {"aq/rtt", "bus/rtt", "bus/rtt-park"},
+       {"aq/rtt", "bus/rtt", "bus/pingpong", "bus/rtt-park"},
        {{"spin/x", "bus/rtt"}, {"park/x", "bus/rtt-park"}}},
   };
 

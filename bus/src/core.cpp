@@ -128,9 +128,8 @@ std::size_t Producer::drain_backlog() {
       ++it;
       continue;
     }
-    w[0] = it->record[0];
     t->ops->relocate(it->record.get() + 1, w + 1);
-    r->commit(words);
+    r->commit(it->record[0], words);
     if (--r->held == 0) --backlog_rings;
     if (!r->queued_for_flush) {
       r->queued_for_flush = true;

@@ -106,10 +106,11 @@ std::size_t Inbox::run_once(bool plain_rings) {
       continue;
     }
     std::size_t k = drain_ring(r);
-    if (k > 0) {
-      // What the handlers sent becomes visible before the head moves: stop() relies on it.
-      p.flush();
-      r.release();
+    // What the handlers sent becomes visible before the head moves: stop() relies on it.
+    if (k > 0) p.flush();
+    // The head moves past the records taken and past markers skipped (a marker published alone
+    // counts in the tail, and stop() waits for heads to meet tails).
+    if (r.release()) {
       light_barrier();  // pairs with heavy_barrier() of a producer waiting for room
       if (r.producer_waiting.load(std::memory_order_relaxed) != 0) {
         r.producer_waiting.store(0, std::memory_order_relaxed);
@@ -119,6 +120,8 @@ std::size_t Inbox::run_once(bool plain_rings) {
           futex_wake_all(r.producer_waiting);
         }
       }
+    }
+    if (k > 0) {
       n += k;
       ++i;
       continue;

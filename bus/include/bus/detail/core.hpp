@@ -231,20 +231,30 @@ class Core {
     // Only executors hold records back (send_full()); the plain gate is never an executor's.
     if (g != Producer::kPlainGate && r.held != 0) [[unlikely]]
       return false;
-    uint64_t* w = r.try_reserve(kWords);
+    uint64_t* w;
+    if constexpr (kLatencyBound<P> && kWords <= kCacheLine / 8) {
+      w = r.try_reserve_in_line(kWords);
+    } else {
+      w = r.try_reserve(kWords);
+    }
     if (w == nullptr) [[unlikely]]
       return false;
     // Where the record ends, read before the stores below (a word store may alias the ring's
     // own position, and the compiler would read it again).
     const uint64_t end = r.write_position() + kWords;
-    w[0] = reinterpret_cast<uint64_t>(target);
+    const auto header = reinterpret_cast<uint64_t>(target);
     Payload<P>::construct(w + 1, std::forward<A>(args)...);
     if (g == Producer::kPlainGate) {
-      r.commit_unrun_to(end);  // a plain thread publishes at once: its runs would end here
-    } else if (kRun) {
-      r.commit_run(w, kWords, counter);
+      // A plain thread publishes at once: its runs would end here.
+      r.commit_publish(w, header, end);
+      light_barrier();  // pairs with heavy_barrier() in Inbox::park()
+      dest.notify();
+      return true;
+    }
+    if (kRun) {
+      r.commit_run(header, kWords, counter);
     } else {
-      r.commit(kWords);
+      r.commit(header, kWords);
     }
     committed(p, g, r, dest);
     return true;
@@ -292,8 +302,8 @@ class Core {
   [[gnu::always_inline]] static void committed(Producer& p, Producer::Gate g, Ring& r,
                                                Inbox& dest) {
     if (g == Producer::kPlainGate) {
-      r.publish_committed();  // a plain thread outside a Batch only commit()s
-      light_barrier();        // pairs with heavy_barrier() in Inbox::park()
+      r.publish();
+      light_barrier();  // pairs with heavy_barrier() in Inbox::park()
       dest.notify();
     } else if (!r.queued_for_flush) [[unlikely]] {
       r.queued_for_flush = true;
@@ -439,9 +449,8 @@ template <class P, class... A>
     r.producer_waiting.store(0, std::memory_order_relaxed);
     w = r.try_reserve(kWords);
   }
-  w[0] = reinterpret_cast<uint64_t>(target);
   Payload<P>::construct(w + 1, std::forward<A>(args)...);
-  r.commit(kWords);
+  r.commit(reinterpret_cast<uint64_t>(target), kWords);
   committed(p, p.gate, r, dest);
   return absl::OkStatus();
 }

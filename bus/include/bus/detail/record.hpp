@@ -63,13 +63,23 @@ struct Payload {
 
 /// A record's header: the Target's address in the low 48 bits (user-space x86-64 and AArch64
 /// addresses fit), and in the high 16 bits how many payloads beyond the first follow it back to
-/// back (a run: one header for a batch of sends to one target). Zero marks a wrap.
+/// back (a run: one header for a batch of sends to one target). Three values are not headers (a
+/// Target is 8-byte aligned): kEmpty, the word after the last published record; kWrapMarker, the
+/// rest of the buffer skipped; kSkipLine, the rest of the cache line skipped (see Ring).
+inline constexpr uint64_t kEmpty = 0;
+inline constexpr uint64_t kWrapMarker = 1;
+inline constexpr uint64_t kSkipLine = 2;
 inline constexpr unsigned kRunShift = 48;
 inline constexpr uint64_t kTargetBits = (uint64_t{1} << kRunShift) - 1;
 inline constexpr uint64_t kRunOne = uint64_t{1} << kRunShift;
 /// Payloads per run record at most: a consumer takes a run in one call, so this bounds how long
 /// one target can hold its inbox before the next ring gets a turn.
 inline constexpr uint32_t kMaxRun = 256;
+
+/// True for payloads someone waits on as they cross (a request, a reply): their records do not
+/// cross a cache line when they fit in one (Ring::try_reserve_in_line).
+template <class P>
+inline constexpr bool kLatencyBound = false;
 
 struct Target;
 inline Target* target_of(uint64_t header) {

@@ -18,12 +18,19 @@ class Inbox;
 inline constexpr std::size_t kCacheLine = 64;
 
 /// One producing thread -> one inbox. A record is `[header word][payload words...]` (see
-/// record.hpp); a header of zero marks the rest of the buffer as skipped so that a record never
-/// wraps around. The producer builds records in place (`try_reserve` + `commit`) and makes them
-/// visible with `publish`, so a batch of records costs one release store. Between two publishes
-/// consecutive sends to one target can share a header (`commit_run`, then `extend_at` and
-/// `extended`): the payloads of a batch then lie back to back, as in a plain array queue, and
-/// the header gets its count once, when the run closes.
+/// record.hpp); a wrap marker (kWrapMarker) marks the rest of the buffer as skipped so that a
+/// record never wraps around. The producer builds records in place (`try_reserve`, then
+/// `commit` with the header) and makes them visible with `publish`, so a batch of records costs
+/// one release store. Between two publishes consecutive sends to one target can share a header
+/// (`commit_run`, then `extend_at` and `extended`): the payloads of a batch then lie back to
+/// back, as in a plain array queue, and the header gets its count once, when the run closes.
+///
+/// The records signal themselves: the word after the last published record is always kEmpty,
+/// and a publish writes the word after its records kEmpty, then the first of its records' header
+/// (withheld until then) with a release store. The consumer looks at the word where it reads
+/// next: one cache line per message crosses between the cores, where a tail index beside the
+/// records would make it two (a request/reply round trip crosses four then, not two). The tail
+/// is still stored at each publish, for stats and stop(); no one polls it.
 class Ring {
  public:
   Ring(std::size_t capacity_words, Inbox* consumer, Inbox* producer_inbox)
@@ -33,6 +40,7 @@ class Ring {
         producer_inbox_(producer_inbox) {
     assert(capacity_words >= 64 && (capacity_words & mask_) == 0 && "capacity: a power of two");
     if (buf_ == nullptr) throw std::bad_alloc();
+    buf_[0] = kEmpty;  // nothing published yet
   }
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
@@ -57,42 +65,64 @@ class Ring {
     uint64_t pos = write_ & mask_;
     uint64_t contiguous = capacity() - pos;
     uint64_t need = words <= contiguous ? words : contiguous + words;
-    if (write_ + need - head_cache_ > capacity()) {
+    // One word more: the kEmpty a publish writes after the records.
+    if (write_ + need + 1 - head_cache_ > capacity()) {
       // (1) pairs with (4): the consumer is done with every word below its head.
       head_cache_ = head_.load(std::memory_order_acquire);
-      if (write_ + need - head_cache_ > capacity()) return nullptr;
+      if (write_ + need + 1 - head_cache_ > capacity()) return nullptr;
     }
     if (words > contiguous) {
-      buf_[pos] = 0;  // wrap marker: the consumer skips to the start
-      write_ += contiguous;
+      put_marker(kWrapMarker, write_ + contiguous);  // the consumer skips to the start
       pos = 0;
     }
-    // What is known free from here: up to the consumer's head and the buffer's end.
-    write_limit_ = std::min(head_cache_ + capacity(), write_ - pos + capacity());
+    // What is known free from here: up to the consumer's head (less the word kept for the
+    // kEmpty after the records) and the buffer's end.
+    write_limit_ = std::min(head_cache_ + capacity() - 1, write_ - pos + capacity());
     return buf_ + pos;
   }
-  /// Commits the record built at the write position (from try_reserve()).
-  void commit(uint32_t words) {
+  /// try_reserve() of a record of at most a cache line's words that does not cross a line: a
+  /// latency-bound record (a request, a reply) then crosses between the cores as one line, not
+  /// two. A skip marker fills the rest of the line when it would cross.
+  uint64_t* try_reserve_in_line(uint32_t words) {
+    constexpr uint64_t kLineWords = kCacheLine / 8;
+    assert(words <= kLineWords);
+    uint64_t off = write_ & (kLineWords - 1);  // (buf_ is aligned to a line)
+    if (off + words > kLineWords) [[unlikely]] {
+      close_run();  // before the marker moves write_ past the run's end
+      if (try_reserve(kLineWords - off + words) == nullptr) return nullptr;
+      off = write_ & (kLineWords - 1);  // 0 after a wrap
+      if (off != 0) put_marker(kSkipLine, write_ + (kLineWords - off));
+    }
+    return try_reserve(words);
+  }
+  /// Commits the record of `header` built at the write position (from try_reserve(); the
+  /// caller built its payload and left its header word to this).
+  void commit(uint64_t header, uint32_t words) {
     close_run();
+    put_word(write_, header);
     write_ += words;
   }
   /// The producer's write position (the next word try_reserve() hands out, after a wrap).
   uint64_t write_position() const { return write_; }
-  /// commit() of the record that ends at `end`, when no run can be open: a plain thread outside a
-  /// Batch never opens one.
-  void commit_unrun_to(uint64_t end) {
-    assert(run_header_ == 0);
+  /// commit() and publish() of the record of `header` at `record`, which ends at `end`, when
+  /// nothing else is unpublished (so no run is open): a plain thread outside a Batch, which
+  /// publishes each record at once. (A marker before the record was published already.)
+  [[gnu::always_inline]] void commit_publish(uint64_t* record, uint64_t header, uint64_t end) {
+    assert(run_header_ == 0 && record == buf_ + (published_ & mask_));
+    buf_[end & mask_] = kEmpty;
+    std::atomic_ref(*record).store(header, std::memory_order_release);  // (2), as in publish()
     write_ = end;
+    published_ = end;
+    tail_.store(end, std::memory_order_release);
   }
-  /// Commits the record at `record` as an open run: extend_at() appends payloads to it until
-  /// the run closes (the next publish, commit or run). When it closes, its header gets its
-  /// count of payloads and `counter`, if any, is raised by that count: the producer counts
-  /// a run's messages once, not one by one.
-  void commit_run(uint64_t* record, uint32_t words, std::atomic<uint64_t>* counter) {
+  /// Commits the record of `header` at the write position as an open run: extend_at() appends
+  /// payloads to it until the run closes (the next publish, commit or run). When it closes, its
+  /// header gets its count of payloads and `counter`, if any, is raised by that count: the
+  /// producer counts a run's messages once, not one by one.
+  void commit_run(uint64_t header, uint32_t words, std::atomic<uint64_t>* counter) {
     close_run();
     write_ += words;
-    open_run_ = record;
-    run_header_ = record[0];
+    run_header_ = header;
     run_start_ = write_ - (words - 1);
     run_words_ = words - 1;
     run_counter_ = counter;
@@ -133,15 +163,12 @@ class Ring {
   bool publish() {
     close_run();  // the consumer may read the run's header from now on
     if (write_ == published_) return false;
+    buf_[write_ & mask_] = kEmpty;  // where the consumer stops after these records
+    // (2) pairs with (3): the records, and the kEmpty after them, are fully built.
+    word_ref(published_).store(stash_, std::memory_order_release);
     published_ = write_;
-    // (2) pairs with (3): the records below the tail are fully built.
-    tail_.store(write_, std::memory_order_release);
+    tail_.store(write_, std::memory_order_release);  // for stats and stop() only
     return true;
-  }
-  /// publish() right after commit(): there is something new, and no run is open.
-  [[gnu::always_inline]] void publish_committed() {
-    published_ = write_;
-    tail_.store(write_, std::memory_order_release);  // (2), as in publish()
   }
   bool has_unpublished() const { return write_ != published_; }
   bool has_room(uint32_t words) {
@@ -149,7 +176,7 @@ class Ring {
     uint64_t pos = write_ & mask_;
     uint64_t contiguous = capacity() - pos;
     uint64_t need = words <= contiguous ? words : contiguous + words;
-    return write_ + need - head_cache_ <= capacity();
+    return write_ + need + 1 - head_cache_ <= capacity();  // as in reserve_slow()
   }
 
   // ---- consumer side -------------------------------------------------------------------------
@@ -160,7 +187,8 @@ class Ring {
   template <class F>
   std::size_t consume(std::size_t max, F&& f) {
     std::size_t n = 0;
-    for (uint64_t* rec; n < max && (rec = next_record()) != nullptr; ++n) read_ += f(rec);
+    for (uint64_t h; n < max && (h = next_header()) != kEmpty; ++n)
+      read_ += f(buf_ + (read_ & mask_));
     return n;
   }
   /// Like consume(), in runs: `f(target, payload, stride, count)` gets `count` payloads of one
@@ -170,8 +198,8 @@ class Ring {
   template <class F>
   std::size_t consume_runs(std::size_t max, F&& f) {
     std::size_t n = 0;
-    for (uint64_t* rec; n < max && (rec = next_record()) != nullptr;) {
-      uint64_t header = *rec;
+    for (uint64_t header; n < max && (header = next_header()) != kEmpty;) {
+      uint64_t* rec = buf_ + (read_ & mask_);
       Target* target = target_of(header);
       uint32_t payload_words = target->payload_words();
       if (header & ~kTargetBits) {
@@ -182,12 +210,16 @@ class Ring {
         continue;
       }
       uint32_t words = 1 + payload_words;
-      // The run ends at the next other record, at the tail, where the buffer wraps, or at `max`.
-      uint64_t end = std::min(tail_cache_, read_ + (capacity() - (read_ & mask_)));
+      // The run ends at the next other record (or the kEmpty after the last), where the buffer
+      // wraps, or at `max`. A header read here may have been published after `header`: the
+      // acquire load makes its payload visible too.
+      uint64_t end = read_ + (capacity() - (read_ & mask_));
       if (std::size_t room = max - n; room < (end - read_) / words) end = read_ + room * words;
-      const uint64_t* stop = rec + (end - read_);
-      const uint64_t* at = rec + words;
-      while (at < stop && *at == header) at += words;
+      uint64_t* stop = rec + (end - read_);
+      uint64_t* at = rec + words;
+      while (at < stop && std::atomic_ref(*at).load(std::memory_order_acquire) == header) {
+        at += words;
+      }
       auto taken = static_cast<uint64_t>(at - rec);
       std::size_t k = taken / words;
       read_ += taken;
@@ -196,7 +228,8 @@ class Ring {
     }
     return n;
   }
-  /// Publishes the head; returns true when it moved.
+  /// Publishes the head (past the records consumed and the markers skipped); returns true when
+  /// it moved.
   bool release() {
     if (read_ == released_) return false;
     released_ = read_;
@@ -204,23 +237,24 @@ class Ring {
     head_.store(read_, std::memory_order_release);
     return true;
   }
-  bool empty_for_consumer() {
-    if (read_ != tail_cache_) return false;
-    tail_cache_ = tail_.load(std::memory_order_acquire);  // pairs with (2)
-    return read_ == tail_cache_;
+  /// True when nothing is published beyond what the consumer read (a wrap marker is something:
+  /// the next look skips it).
+  bool empty_for_consumer() const {
+    return word_ref(read_).load(std::memory_order_acquire) == kEmpty;  // (3), as below
   }
 
-  /// The next visible record (wrap markers skipped), or null when there is none.
-  uint64_t* next_record() {
+  /// The header of the next visible record, at read_ (wrap markers skipped), or kEmpty.
+  [[gnu::always_inline]] uint64_t next_header() {
     for (;;) {
-      if (read_ == tail_cache_) {
-        // (3) pairs with (2).
-        tail_cache_ = tail_.load(std::memory_order_acquire);
-        if (read_ == tail_cache_) return nullptr;
+      // (3) pairs with (2): the record and those published with it are fully built.
+      uint64_t h = word_ref(read_).load(std::memory_order_acquire);
+      if (h > kSkipLine || h == kEmpty) [[likely]]
+        return h;
+      if (h == kSkipLine) {
+        read_ = (read_ | (kCacheLine / 8 - 1)) + 1;  // the next line
+      } else {
+        read_ += capacity() - (read_ & mask_);  // a wrap marker: the buffer's start
       }
-      uint64_t pos = read_ & mask_;
-      if (buf_[pos] != 0) return buf_ + pos;
-      read_ += capacity() - pos;
     }
   }
 
@@ -255,9 +289,11 @@ class Ring {
   uint64_t published_ = 0;                  // last value stored to tail_
   uint64_t head_cache_ = 0;   // producer's view of head_: refreshed only when the ring looks full
   uint64_t write_limit_ = 0;  // write_ may grow to it without a check: free and before the end
-  // The run extend_at() appends to: its record (unpublished), header (0: none), the end it may
-  // grow to, where its payloads start and their size, and the counter of its messages.
-  uint64_t* open_run_ = nullptr;
+  // The first word written since the last publish, withheld until the next (see the class).
+  uint64_t stash_ = 0;
+  // The run extend_at() appends to: its header (0: none), the end it may grow to, where its
+  // payloads start (its header is the word before) and their size, and the counter of its
+  // messages.
   uint64_t run_header_ = 0;
   uint64_t run_limit_ = 0;
   uint64_t run_start_ = 0;
@@ -272,7 +308,7 @@ class Ring {
   }
   [[gnu::noinline]] void close_open_run() {
     uint64_t payloads = (write_ - run_start_) / run_words_;
-    *open_run_ = run_header_ + ((payloads - 1) << kRunShift);
+    put_word(run_start_ - 1, run_header_ + ((payloads - 1) << kRunShift));
     if (run_counter_ != nullptr) {
       run_counter_->store(run_counter_->load(std::memory_order_relaxed) + payloads,
                           std::memory_order_relaxed);
@@ -286,10 +322,36 @@ class Ring {
   bool queued_for_flush = false;  // in the producer's list of rings to publish
 
  private:
+  /// Writes `marker` at the write position and moves it to `next`. A marker that would be the
+  /// first unpublished word is published at once (the kEmpty goes at `next`): what follows it is
+  /// then first, and a plain thread's commit_publish() finds its record first. The tail covers
+  /// it, and a consumer that skipped it releases it (stop() waits for heads to meet tails).
+  void put_marker(uint64_t marker, uint64_t next) {
+    if (write_ == published_) {
+      buf_[next & mask_] = kEmpty;
+      word_ref(write_).store(marker, std::memory_order_release);  // (2), as in publish()
+      published_ = next;
+      tail_.store(next, std::memory_order_release);
+    } else {
+      buf_[write_ & mask_] = marker;
+    }
+    write_ = next;
+  }
+  /// Writes the word at `pos` (unpublished): withheld when it is the first since the publish.
+  void put_word(uint64_t pos, uint64_t word) {
+    if (pos == published_) {
+      stash_ = word;
+    } else {
+      buf_[pos & mask_] = word;
+    }
+  }
+  std::atomic_ref<uint64_t> word_ref(uint64_t pos) const {
+    return std::atomic_ref(buf_[pos & mask_]);
+  }
+
   // Consumer line: the consumer's alone.
   alignas(kCacheLine) uint64_t read_ = 0;
   uint64_t released_ = 0;
-  uint64_t tail_cache_ = 0;  // consumer's view of tail_: refreshed only when it looks empty
 };
 
 }  // namespace bus::detail

@@ -377,6 +377,11 @@ struct ReplyEnvelope {
 };
 
 template <class Req, class Rep>
+inline constexpr bool kLatencyBound<RequestEnvelope<Req, Rep>> = true;
+template <class Rep>
+inline constexpr bool kLatencyBound<ReplyEnvelope<Rep>> = true;
+
+template <class Req, class Rep>
 struct EndpointState;
 template <class Req, class Rep>
 struct EndpointTarget;
@@ -497,6 +502,8 @@ struct EndpointTarget : Target {
   /// (a throw becomes Internal); DeadlineExceeded without running it, counted as expired, once
   /// `deadline` has passed.
   absl::StatusOr<Rep> answer(Inbox& in, Req&& req, Clock::time_point deadline);
+  /// answer() once the deadline was looked at (a clock read costs 20-30 ns here).
+  absl::StatusOr<Rep> answer_unexpired(Inbox& in, Req&& req);
 
  private:
   absl::Status expired(Inbox& in);
@@ -594,13 +601,18 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
     }
     return;
   }
-  t->state->reply(in, env, t->answer(in, std::move(env.request), env.deadline));
+  t->state->reply(in, env, t->answer_unexpired(in, std::move(env.request)));
 }
 
 template <class Req, class Rep>
 absl::StatusOr<Rep> EndpointTarget<Req, Rep>::answer(Inbox& in, Req&& req,
                                                      Clock::time_point deadline) {
   if (Clock::now() > deadline) return expired(in);
+  return answer_unexpired(in, std::move(req));
+}
+
+template <class Req, class Rep>
+absl::StatusOr<Rep> EndpointTarget<Req, Rep>::answer_unexpired(Inbox& in, Req&& req) {
   try {
     absl::StatusOr<Rep> result = fn(std::move(req));
     in.counters.add(channel, kDelivered);
