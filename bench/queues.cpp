@@ -1247,8 +1247,12 @@ int main(int argc, char** argv) {
     }
   }
 
-  // The issue's targets, from the medians above.
-  std::printf("\n== targets (issue 3), from the medians above\n");
+  // The issue's targets, from the medians above. The VM's two vCPUs move between placements
+  // during a run, which shifts every figure 2-3x: the ratio within each run (the bus case and
+  // its peer measured minutes apart, in one placement) is shown beside the ratio of medians.
+  std::printf(
+      "\n== targets (issue 3): ratio of the medians above; per run: the ratio within each "
+      "interleaved run, median (min-max)\n");
   auto target = [&](const char* what, const std::string& a, const std::string& b, bool p50,
                     double bound, bool at_least) {
     double x = med(a, p50), y = med(b, p50);
@@ -1258,8 +1262,24 @@ int main(int argc, char** argv) {
     }
     double r = x / y;
     bool met = at_least ? r >= bound : r <= bound;
-    std::printf("  %-62s %7.2fx  (%s %.1fx: %s)\n", what, r, at_least ? ">=" : "<=", bound,
+    std::printf("  %-62s %7.2fx  (%s %.1fx: %s)", what, r, at_least ? ">=" : "<=", bound,
                 met ? "met" : "MISSED");
+    const Case& ca = *by_id.at(a);
+    const Case& cb = *by_id.at(b);
+    std::vector<double> per_run;
+    for (std::size_t i = 0; i < ca.samples.size() && i < cb.samples.size(); ++i) {
+      double u = p50 ? ca.samples[i].p50 : ca.samples[i].rate;
+      double v = p50 ? cb.samples[i].p50 : cb.samples[i].rate;
+      if (u > 0 && v > 0) per_run.push_back(u / v);
+    }
+    if (!per_run.empty()) {
+      double m = median(per_run);
+      std::printf("  per run %.2fx (%.2f-%.2f): %s", m,
+                  *std::min_element(per_run.begin(), per_run.end()),
+                  *std::max_element(per_run.begin(), per_run.end()),
+                  (at_least ? m >= bound : m <= bound) ? "met" : "MISSED");
+    }
+    std::printf("\n");
   };
   // The batched mode two ways: an executor publishing one message per call (flushed once per
   // handler), and the bulk calls (publish_bulk -> subscribe_bulk), as the peers' bulk rows.
