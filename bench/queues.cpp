@@ -1260,10 +1260,12 @@ int main(int argc, char** argv) {
       std::printf("  %-62s %8s\n", what, "n/a");
       return;
     }
+    auto verdict = [&](double ratio) {
+      return (at_least ? ratio >= bound : ratio <= bound) ? "met" : "MISSED";
+    };
     double r = x / y;
-    bool met = at_least ? r >= bound : r <= bound;
     std::printf("  %-62s %7.2fx  (%s %.1fx: %s)", what, r, at_least ? ">=" : "<=", bound,
-                met ? "met" : "MISSED");
+                verdict(r));
     const Case& ca = *by_id.at(a);
     const Case& cb = *by_id.at(b);
     std::vector<double> per_run;
@@ -1276,8 +1278,7 @@ int main(int argc, char** argv) {
       double m = median(per_run);
       std::printf("  per run %.2fx (%.2f-%.2f): %s", m,
                   *std::min_element(per_run.begin(), per_run.end()),
-                  *std::max_element(per_run.begin(), per_run.end()),
-                  (at_least ? m >= bound : m <= bound) ? "met" : "MISSED");
+                  *std::max_element(per_run.begin(), per_run.end()), verdict(m));
     }
     std::printf("\n");
   };
