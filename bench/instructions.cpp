@@ -14,7 +14,10 @@
 //   pub        `bus` through a bus::Publisher made once (Publisher::publish per message)
 //   pubbatch   `busbatch` through a bus::Publisher
 //   busbulk    one publish_bulk() of the round to a subscribe_bulk() handler, then drain()
+//   rtt        request/reply round trips on one executor that serves the endpoint too: each
+//              reply's callback makes the next request (both sides of a round trip counted)
 // Each consumer checks the count and the sum; a mismatch exits with status 1.
+#include <atomic>
 #include <bus/bus.hpp>
 #include <cstdint>
 #include <cstdio>
@@ -105,11 +108,43 @@ int bulk_case(uint64_t n) {
   return s.verify(n);
 }
 
+const bus::Endpoint<uint64_t, uint64_t> echo{"bench.instructions.echo"};
+
+int rtt_case(uint64_t n) {
+  bus::Bus b(bus::Options().executors(1));
+  auto server = b.serve(
+      echo, [](uint64_t&& r) { return r + 1; }, bus::on_executor(0));
+  struct Chain {
+    bus::Bus* bus;
+    uint64_t n;
+    uint64_t i = 0;
+    Sum s{};
+    std::atomic<bool> done{false};
+    void next() {
+      uint64_t req = ++i;
+      bus->request(echo, req, std::chrono::seconds(10), [this, req](absl::StatusOr<uint64_t> r) {
+        s.take(r.ok() && *r == req + 1 ? req : 0);
+        if (i < n) {
+          next();
+        } else {
+          done.store(true);
+          done.notify_one();
+        }
+      });
+    }
+  } chain{&b, n};
+  if (!b.post(bus::on_executor(0), [&chain] { chain.next(); }).ok()) return 2;
+  chain.done.wait(false);
+  (void)b.stop();
+  return chain.s.verify(n);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s ring64|ring1|bus|busbatch|pub|pubbatch|busbulk N\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ring64|ring1|bus|busbatch|pub|pubbatch|busbulk|rtt N\n",
+                 argv[0]);
     return 2;
   }
   std::string c = argv[1];
@@ -121,6 +156,7 @@ int main(int argc, char** argv) {
   if (c == "pub") return bus_case<true>(n, false);
   if (c == "pubbatch") return bus_case<true>(n, true);
   if (c == "busbulk") return bulk_case(n);
+  if (c == "rtt") return rtt_case(n);
   std::fprintf(stderr, "bus_instructions: unknown case '%s'\n", c.c_str());
   return 2;
 }

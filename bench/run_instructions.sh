@@ -43,6 +43,7 @@ out=${OUT:-bench/results/instructions-$(date +%F)-$(git rev-parse --short HEAD 2
   pub=$(per_message pub)
   pubbatch=$(per_message pubbatch)
   busbulk=$(per_message busbulk)
+  rtt=$(per_message rtt)
   printf '%-52s %10s %10s\n' "case (8-byte messages, 64 per round)" "instr/msg" "x ring"
   printf '%-52s %10s %10s\n' "plain ring, tail per 64" "$ring64" "1.00"
   printf '%-52s %10s %10s\n' "plain ring, tail per item" "$ring1" "1.00"
@@ -57,4 +58,7 @@ out=${OUT:-bench/results/instructions-$(date +%F)-$(git rev-parse --short HEAD 2
   printf '%-52s %10s %10s\n' "bus publish_bulk -> subscribe_bulk (vs tail per 64)" "$busbulk" \
     "$(echo "scale=2; $busbulk / $ring64" | bc)"
   echo "target (issue 3): at most 2x the plain ring's"
+  echo
+  printf '%-52s %10s\n' "request/reply round trip, both sides on one executor" "$rtt"
+  echo "(instructions per round trip: request, handler, reply and callback; no peer, a regression figure)"
 } | tee "$out"

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -14,7 +15,11 @@
 
 namespace bus::detail {
 
-Inbox::Inbox(Core& core, uint32_t index, Kind kind) : core_(core), index_(index), kind_(kind) {
+Inbox::Inbox(Core& core, uint32_t index, Kind kind)
+    : core_(core),
+      index_(index),
+      kind_(kind),
+      max_pending_(std::min(core.options().max_pending_requests(), kMaxPending)) {
   if (kind_ == Kind::kExternal) {
     sleeping_.store(1, std::memory_order_relaxed);  // the loop is in its poll until drain()
     eventfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -254,19 +259,52 @@ void Inbox::drop_user_timers() {
   }
 }
 
+uint64_t Inbox::reserve_pending() {
+  if (pending_count_ >= max_pending_) return 0;
+  uint32_t slot;
+  if (!free_pending_.empty()) {
+    slot = free_pending_.back();
+    free_pending_.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(pending_.size());
+    pending_.emplace_back();
+  }
+  uint64_t corr = (++last_correlation_ << kSlotBits) | slot;
+  if (corr == 0) corr = (++last_correlation_ << kSlotBits) | slot;  // 0 marks a free slot
+  pending_[slot].corr = corr;
+  ++pending_count_;
+  return corr;
+}
+
+Inbox::CompleteFn Inbox::take_pending(Pending& slot) {
+  CompleteFn fn = std::move(slot.fn);
+  slot.fn = nullptr;
+  slot.corr = 0;
+  free_pending_.push_back(static_cast<uint32_t>(&slot - pending_.data()));
+  --pending_count_;
+  return fn;
+}
+
+void Inbox::release_pending(uint64_t corr) {
+  if (Pending* slot = find_pending(corr)) (void)take_pending(*slot);
+}
+
 void Inbox::add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline,
                         CompleteFn fn) {
-  pending_.emplace(corr, Pending{std::move(fn), channel});
+  Pending* slot = find_pending(corr);
+  assert(slot != nullptr && !slot->fn);
+  slot->channel = channel;
+  slot->fn = std::move(fn);
   deadlines_.push(deadline, corr);
-  if (deadlines_.size() > 2 * pending_.size() + 64) {
+  if (deadlines_.size() > 2 * pending_count_ + 64) {
     // Mostly answered entries: keep the pending ones' (answers out of deadline order leave
     // entries behind the first; this bounds them to about the number pending).
-    deadlines_.retain([this](uint64_t c) { return pending_.contains(c); });
+    deadlines_.retain([this](uint64_t c) { return find_pending(c) != nullptr; });
   }
 }
 
 void Inbox::pop_answered_deadlines() {
-  while (!deadlines_.empty() && !pending_.contains(deadlines_.top().second)) deadlines_.pop();
+  while (!deadlines_.empty() && find_pending(deadlines_.top().second) == nullptr) deadlines_.pop();
 }
 
 std::size_t Inbox::expire_due(Clock::time_point now) {
@@ -274,20 +312,20 @@ std::size_t Inbox::expire_due(Clock::time_point now) {
   while (!deadlines_.empty() && deadlines_.top().first <= now) {
     uint64_t corr = deadlines_.top().second;
     deadlines_.pop();
-    auto it = pending_.find(corr);
-    if (it == pending_.end()) continue;  // answered
+    Pending* slot = find_pending(corr);
+    if (slot == nullptr) continue;  // answered
     // Counted like a timer tick (see run_due_timers()).
     ticks_started.fetch_add(1, std::memory_order_seq_cst);
     if (core_.state() == State::kStopped) {
       ticks_done.fetch_add(1, std::memory_order_seq_cst);
       break;  // cancel_all_pending() answers it
     }
-    Pending p = std::move(it->second);
-    pending_.erase(it);
+    uint32_t channel = slot->channel;
+    CompleteFn fn = take_pending(*slot);
     try {
-      p.fn(absl::DeadlineExceededError(absl::StrCat(
-               "bus: no reply from '", channel_info(p.channel).name, "' before the deadline")),
-           nullptr);
+      fn(absl::DeadlineExceededError(absl::StrCat(
+             "bus: no reply from '", channel_info(channel).name, "' before the deadline")),
+         nullptr);
     } catch (...) {
       core_.log_once(UINT32_MAX, "timer",
                      "a reply callback threw: " + describe_exception(std::current_exception()));
@@ -300,25 +338,31 @@ std::size_t Inbox::expire_due(Clock::time_point now) {
 }
 
 void Inbox::complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply) {
-  auto it = pending_.find(corr);
-  if (it == pending_.end()) {
+  Pending* slot = find_pending(corr);
+  // A reply whose slot holds another request (same slot, later sequence) is late; so is one
+  // whose channel differs (it cannot be this request's reply type).
+  if (slot == nullptr || slot->channel != channel) {
     counters.add(channel, kLateReplies);
     return;
   }
-  Pending p = std::move(it->second);
-  pending_.erase(it);
+  CompleteFn fn = take_pending(*slot);
   if (!deadlines_.empty() && deadlines_.top().second == corr) pop_answered_deadlines();
-  p.fn(std::move(status), reply);
+  fn(std::move(status), reply);
 }
 
 void Inbox::cancel_all_pending(const absl::Status& why) {
-  while (!pending_.empty()) {
-    auto it = pending_.begin();
-    Pending p = std::move(it->second);
-    pending_.erase(it);
-    try {
-      p.fn(why, nullptr);
-    } catch (...) {
+  // A callback may make another request (refused once the bus stops, but an external inbox
+  // closes while the bus runs): sweep again until a pass finds none.
+  for (bool found = true; found;) {
+    found = false;
+    for (std::size_t i = 0; i < pending_.size(); ++i) {
+      if (!pending_[i].fn) continue;  // free, or reserved by a request being sent
+      found = true;
+      CompleteFn fn = take_pending(pending_[i]);
+      try {
+        fn(why, nullptr);
+      } catch (...) {
+      }
     }
   }
   deadlines_.clear();

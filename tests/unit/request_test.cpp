@@ -312,4 +312,107 @@ TEST(Request, AnEarlyPendingRequestOutlivesManyAnsweredOnesBehindIt) {
   ASSERT_TRUE(bus.stop().ok());
 }
 
+TEST(Request, ALateReplyNeverAnswersTheRequestThatTookItsPlace) {
+  // Request A expires; request B, made in A's callback, takes the pending-request slot A left.
+  // A's reply then comes, late: it is counted as late, and B gets its own reply, not A's.
+  bus::Bus bus(bus::Options().executors(2));
+  std::vector<bus::Replier<int>> held;  // executor 1's
+  std::atomic<int> holding{0};
+  auto server = bus.serve_async(
+      slow,
+      [&](int&& v, bus::Replier<int> reply) {
+        (void)v;
+        held.push_back(std::move(reply));
+        holding++;
+      },
+      bus::on_executor(1));
+  std::atomic<int> a_calls{0}, a_code{-1}, b_value{-1};
+  ASSERT_TRUE(bus.post(bus::on_executor(0),
+                       [&] {
+                         // Long enough that a loaded run still starts the handler in time.
+                         bus.request(slow, 1, 1s, [&](absl::StatusOr<int> r) {
+                           a_calls++;
+                           a_code = static_cast<int>(r.status().code());
+                           bus.request(slow, 2, 60s, [&](absl::StatusOr<int> rb) {
+                             b_value = rb.ok() ? *rb : -2;
+                           });
+                         });
+                       })
+                  .ok());
+  ASSERT_TRUE(bus_test::eventually([&] { return holding.load() == 2; }, 30s));
+  EXPECT_EQ(a_code.load(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_TRUE(bus.post(bus::on_executor(1), [&] { held[0](100); }).ok());  // A's, late
+  ASSERT_TRUE(bus_test::eventually(
+      [&] { return bus.stats().channel("request_test.slow")->late_replies == 1; }, 30s));
+  EXPECT_EQ(b_value.load(), -1) << "A's late reply must not answer B";
+  ASSERT_TRUE(bus.post(bus::on_executor(1), [&] { held[1](200); }).ok());
+  ASSERT_TRUE(bus_test::eventually([&] { return b_value.load() != -1; }, 30s));
+  EXPECT_EQ(b_value.load(), 200);
+  EXPECT_EQ(a_calls.load(), 1);
+  ASSERT_TRUE(bus.post(bus::on_executor(1), [&] { held.clear(); }).ok());
+  ASSERT_TRUE(bus.stop().ok());
+}
+
+TEST(Request, RequestsPastTheLimitOfPendingOnesAreRefusedThroughTheirCallback) {
+  bus::Bus bus(bus::Options().executors(2).max_pending_requests(3));
+  std::vector<bus::Replier<int>> held;  // executor 1's
+  std::atomic<int> holding{0};
+  auto server = bus.serve_async(
+      slow,
+      [&](int&& v, bus::Replier<int> reply) {
+        (void)v;
+        held.push_back(std::move(reply));
+        holding++;
+      },
+      bus::on_executor(1));
+  std::mutex mu;
+  std::vector<std::pair<int, absl::StatusOr<int>>> results;
+  auto request = [&](int i) {
+    bus.request(slow, int{i}, 60s, [&, i](absl::StatusOr<int> r) {
+      std::lock_guard lock(mu);
+      results.emplace_back(i, std::move(r));
+    });
+  };
+  ASSERT_TRUE(bus.post(bus::on_executor(0),
+                       [&] {
+                         for (int i = 0; i < 5; ++i) request(i);
+                       })
+                  .ok());
+  // Three are pending; the fourth and fifth are refused (on executor 0, after request()).
+  ASSERT_TRUE(bus_test::eventually([&] {
+    std::lock_guard lock(mu);
+    return holding.load() == 3 && results.size() == 2;
+  }));
+  {
+    std::lock_guard lock(mu);
+    for (auto& [i, r] : results) {
+      EXPECT_GE(i, 3);
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+      EXPECT_NE(r.status().message().find("max_pending_requests"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(bus.stats().channel("request_test.slow")->failed, 2u);
+  // Answering one frees its place: the next request is sent.
+  ASSERT_TRUE(bus.post(bus::on_executor(1), [&] { held[0](10); }).ok());
+  ASSERT_TRUE(bus_test::eventually([&] {
+    std::lock_guard lock(mu);
+    return results.size() == 3;
+  }));
+  ASSERT_TRUE(bus.post(bus::on_executor(0), [&] { request(5); }).ok());
+  ASSERT_TRUE(bus_test::eventually([&] { return holding.load() == 4; }));
+  ASSERT_TRUE(bus.post(bus::on_executor(1),
+                       [&] {
+                         for (std::size_t k = 1; k < held.size(); ++k) held[k](static_cast<int>(k));
+                       })
+                  .ok());
+  ASSERT_TRUE(bus_test::eventually([&] {
+    std::lock_guard lock(mu);
+    return results.size() == 6;
+  }));
+  std::lock_guard lock(mu);
+  for (auto& [i, r] : results) {
+    if (i < 3 || i == 5) EXPECT_TRUE(r.ok()) << i << ": " << r.status();
+  }
+}
+
 }  // namespace

@@ -999,12 +999,21 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
     }
     return;
   }
-  uint64_t corr = home.next_correlation();
+  uint64_t corr = home.reserve_pending();
+  if (corr == 0) [[unlikely]] {
+    c.leave(p);
+    p.counters.add(endpoint.id(), detail::kFailed);
+    fail(absl::ResourceExhaustedError(absl::StrCat(
+        "bus: ", home.max_pending(), " requests are waiting for replies on this thread already (",
+        "Options::max_pending_requests); request to '", endpoint.name(), "' refused")));
+    return;
+  }
   detail::RequestEnvelope<Req, Rep> env{std::move(req), corr, &home, nullptr, deadline};
   auto& st = endpoint_state(endpoint);
   absl::Status s = to ? st.send_to(p, *to, std::move(env)) : st.route(p, std::move(env));
   c.leave(p);
   if (!s.ok()) {
+    home.release_pending(corr);
     fail(std::move(s));  // counted as failed by route()
     return;
   }

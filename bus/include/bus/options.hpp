@@ -40,6 +40,15 @@ class Options {
   }
   std::size_t executor_backlog() const { return executor_backlog_; }
 
+  /// Requests one executor (or external inbox) may have waiting for their replies at once; past
+  /// it, request() answers ResourceExhausted through its callback. At most 16,777,216 (a
+  /// correlation's slot bits); each pending request keeps its callback until answered.
+  Options& max_pending_requests(std::size_t n) {
+    max_pending_requests_ = n;
+    return *this;
+  }
+  std::size_t max_pending_requests() const { return max_pending_requests_; }
+
   /// How long an idle executor polls before it parks.
   Options& spin(std::chrono::microseconds d) {
     spin_ = d;
@@ -58,6 +67,7 @@ class Options {
   unsigned executors_ = 0;
   std::size_t ring_bytes_ = 64 * 1024;
   std::size_t executor_backlog_ = 1 << 16;
+  std::size_t max_pending_requests_ = 1 << 20;
   std::chrono::microseconds spin_{50};
   bool pin_ = false;
 };

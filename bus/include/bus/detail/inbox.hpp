@@ -185,15 +185,26 @@ class Inbox {
   std::size_t run_due_timers();
   void drop_user_timers();
 
-  // Requests this inbox is waiting on.
+  // Requests this inbox is waiting on, in a table of slots: a reply finds its request by the
+  // slot its correlation names (no hashing), and slots are reused most recent first.
   using CompleteFn = absl::AnyInvocable<void(absl::Status, void* reply)>;
-  uint64_t next_correlation() { return ++last_correlation_; }
+  /// Correlations: the slot in the low kSlotBits, a sequence number of this inbox above them,
+  /// so a reply to an answered (or expired) request never matches the slot's next request.
+  static constexpr unsigned kSlotBits = 24;
+  static constexpr std::size_t kMaxPending = std::size_t{1} << kSlotBits;
+  /// Takes a slot for a request about to be sent and returns its correlation, or 0 when
+  /// max_pending() requests are pending already. add_pending() fills the slot, or
+  /// release_pending() gives it back (the request was not sent).
+  uint64_t reserve_pending();
+  /// Options::max_pending_requests (kMaxPending at most).
+  std::size_t max_pending() const { return max_pending_; }
+  void release_pending(uint64_t corr);
   void add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline, CompleteFn fn);
   /// Pending requests' deadlines are not timers (no allocation or map node per request), but
   /// next_timer(), ready() and run_due_timers() cover them too.
   /// A reply arrived: runs the callback, or counts a late reply when none is pending.
   void complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply);
-  std::size_t pending_count() const { return pending_.size(); }
+  std::size_t pending_count() const { return pending_count_; }
   void cancel_all_pending(const absl::Status& why);
 
   CounterTable<kInboxCounters> counters;
@@ -212,9 +223,17 @@ class Inbox {
     bool essential;
   };
   struct Pending {
-    CompleteFn fn;
-    uint32_t channel;
+    uint64_t corr = 0;  // 0: the slot is free
+    uint32_t channel = 0;
+    CompleteFn fn;  // empty while reserved
   };
+  /// The slot of `corr` while that request is pending, else null.
+  Pending* find_pending(uint64_t corr) {
+    std::size_t slot = corr & (kMaxPending - 1);
+    return slot < pending_.size() && pending_[slot].corr == corr ? &pending_[slot] : nullptr;
+  }
+  /// Frees the slot and returns its callback.
+  CompleteFn take_pending(Pending& slot);
 
   void adopt_rings();
   std::size_t drain_ring(Ring& ring);
@@ -236,7 +255,10 @@ class Inbox {
   absl::flat_hash_map<uint64_t, Clock::time_point> timer_at_;
   uint64_t firing_ = 0;  // id of the periodic timer being run
   bool firing_cancelled_ = false;
-  absl::flat_hash_map<uint64_t, Pending> pending_;
+  std::vector<Pending> pending_;  // indexed by a correlation's slot
+  const std::size_t max_pending_;
+  std::vector<uint32_t> free_pending_;
+  std::size_t pending_count_ = 0;
   // The pending requests' deadlines; swept of answered entries once it holds over twice as many
   // as there are requests pending.
   Deadlines deadlines_;
