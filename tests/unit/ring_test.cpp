@@ -188,6 +188,41 @@ TEST(Ring, ARecordKeptInALineSkipsTheRestOfTheLine) {
   EXPECT_EQ(ring.depth_words(), 0u);
 }
 
+TEST(Ring, AShortRestOfALineIsSkippedInTheRecordsOwnPublish) {
+  Ring ring(64, nullptr, nullptr);
+  Reader reader;
+  // Five words at word 0 leave three: too few for another five, so the marker goes in now.
+  uint64_t* base = ring.try_reserve_in_line(5);
+  ASSERT_NE(base, nullptr);
+  write_record(ring, base, 0, 5);
+  ring.skip_short_line(5);
+  EXPECT_EQ(ring.write_position(), 8u);
+  ring.publish();
+  EXPECT_EQ(ring.tail(), 8u);  // the record and the marker, published together
+  EXPECT_EQ(ring.consume(SIZE_MAX, reader), 1u);
+  EXPECT_TRUE(ring.release());
+  EXPECT_EQ(ring.head(), 8u);  // the consumer went on to the next line, where it waits
+  EXPECT_TRUE(ring.empty_for_consumer());
+  // The next record of that size starts the line the consumer waits on: no marker before it.
+  uint64_t* at = ring.try_reserve_in_line(5);
+  EXPECT_EQ(at, base + 8);
+  write_record(ring, at, 1, 5);
+  // Three words after it are enough for three: no marker.
+  ring.skip_short_line(3);
+  EXPECT_EQ(ring.write_position(), 13u);
+  at = ring.try_reserve_in_line(3);
+  EXPECT_EQ(at, base + 13);
+  write_record(ring, at, 2, 3);
+  // A record that ends its line leaves nothing to skip.
+  ring.skip_short_line(3);
+  EXPECT_EQ(ring.write_position(), 16u);
+  ring.publish();
+  EXPECT_EQ(ring.consume(SIZE_MAX, reader), 2u);
+  EXPECT_EQ(reader.bad, 0u);
+  EXPECT_TRUE(ring.release());
+  EXPECT_EQ(ring.head(), ring.tail());
+}
+
 TEST(Ring, AMarkerWithNothingBeforeItIsPublishedAtOnce) {
   Ring ring(64, nullptr, nullptr);
   Reader reader;

@@ -255,6 +255,7 @@ class Core {
       r.commit_run(header, kWords, counter);
     } else {
       r.commit(header, kWords);
+      if constexpr (kLatencyBound<P> && kWords <= kCacheLine / 8) r.skip_short_line(kWords);
     }
     committed(p, g, r, dest);
     return true;

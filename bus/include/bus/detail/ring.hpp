@@ -95,6 +95,20 @@ class Ring {
     }
     return try_reserve(words);
   }
+  /// After a record from try_reserve_in_line() of `words` was committed: when the rest of its
+  /// line cannot take another record that size, a skip marker fills it now, in the same publish
+  /// as the record. The consumer, done with the record, then waits on the next line's first
+  /// word (the kEmpty), where the next record starts: one line crosses per record. Without it
+  /// the next record's skip marker lands on the line the consumer waits on, and the consumer
+  /// takes that line, then the next one (and that again once the record is in it).
+  void skip_short_line(uint32_t words) {
+    constexpr uint64_t kLineWords = kCacheLine / 8;
+    uint64_t left = kLineWords - (write_ & (kLineWords - 1));
+    if (left == kLineWords || left >= words) return;
+    // No room known for it: the next record's try_reserve_in_line() skips the line instead.
+    if (try_reserve(static_cast<uint32_t>(left)) == nullptr) return;
+    put_marker(kSkipLine, write_ + left);
+  }
   /// Commits the record of `header` built at the write position (from try_reserve(); the
   /// caller built its payload and left its header word to this).
   void commit(uint64_t header, uint32_t words) {
