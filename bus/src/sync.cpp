@@ -26,6 +26,17 @@ bool register_membarrier() {
 
 bool g_membarrier = register_membarrier();
 
+Clock::duration read_coarse_margin() {
+  timespec res;
+  if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) != 0) return Clock::duration::max();
+  auto tick = std::chrono::seconds(res.tv_sec) + std::chrono::nanoseconds(res.tv_nsec);
+  // Over 100 ms of margin the coarse clock would answer too seldom to be worth a read.
+  if (tick <= Clock::duration::zero() || 8 * tick > std::chrono::milliseconds(100)) {
+    return Clock::duration::max();
+  }
+  return std::chrono::duration_cast<Clock::duration>(8 * tick);
+}
+
 bool on_one_cpu() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "bus/detail/sync.hpp"
 #include "support/test_support.hpp"
 
 namespace {
@@ -171,6 +172,22 @@ TEST(Timer, TimersAreRefusedOnceTheBusStopped) {
   EXPECT_FALSE(id);
   bus.cancel(id);  // cancelling the empty id is harmless
   EXPECT_FALSE(fired.load());
+}
+
+TEST(Clock, ReachedSaysWhatThePreciseClockSays) {
+  using bus::detail::Clock;
+  using bus::detail::reached;
+  EXPECT_TRUE(reached(Clock::now() - 1ms));
+  EXPECT_TRUE(reached(Clock::now()));
+  EXPECT_FALSE(reached(Clock::now() + 1h));  // the coarse clock answers this one
+  // A time within the coarse clock's margin: answered by the precise clock, so it counts as
+  // reached as soon as that clock has passed it, not a tick or more later.
+  for (Clock::duration ahead : {Clock::duration(50us), Clock::duration(2ms)}) {
+    auto at = Clock::now() + ahead;
+    while (Clock::now() < at) {
+    }
+    EXPECT_TRUE(reached(at)) << ahead.count();
+  }
 }
 
 }  // namespace

@@ -24,7 +24,6 @@
 namespace bus::detail {
 
 class Core;
-using Clock = std::chrono::steady_clock;
 
 /// The pending requests' deadlines of one inbox, earliest first, with no allocation per request.
 /// Most come in order (one timeout per call site): those go to a FIFO, where an answer in order

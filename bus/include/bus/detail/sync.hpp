@@ -1,11 +1,15 @@
 // Parking and barriers shared by the rings and the inboxes.
 #pragma once
 
+#include <time.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 
 namespace bus::detail {
+
+using Clock = std::chrono::steady_clock;
 
 /// Blocks while `*word == expected`, at most `timeout` (negative: no limit). Spurious returns
 /// are allowed: every caller re-checks its condition.
@@ -33,6 +37,37 @@ void heavy_barrier();
 /// inherit it). Polling for another thread's work is then pure waste: that thread needs this
 /// very CPU to do it. Spinning waits park at once instead, as adaptive locks do on one CPU.
 bool on_one_cpu();
+
+// ---- clocks -------------------------------------------------------------------------------
+//
+// steady_clock (CLOCK_MONOTONIC) costs 20-30 ns a read here. A request's server looks at its
+// deadline, and an executor waiting for replies looks at the earliest deadline every pass: both
+// on a request's way, and mostly the deadline is far off. CLOCK_MONOTONIC_COARSE, the same clock
+// as of its last tick, costs 3-4 ns. It lags by a tick or two (8 ms after an idle CPU woke,
+// here), so it answers only where a lag of coarse_margin() (8 ticks) could not change the
+// answer; elsewhere the precise clock does. (Were it ever to lag more, a deadline would be seen
+// that much later: a server would run a handler whose caller gave up moments before.) Deadlines
+// themselves are set from the precise clock.
+
+/// 8 ticks of the coarse clock, or Clock::duration::max() when there is none to use.
+Clock::duration read_coarse_margin();
+inline Clock::duration coarse_margin() {
+  static const Clock::duration margin = read_coarse_margin();
+  return margin;
+}
+/// CLOCK_MONOTONIC_COARSE on steady_clock's time line (both count from the same origin).
+inline Clock::time_point coarse_now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return Clock::time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec));
+}
+/// `Clock::now() >= at`, reading the precise clock only when `at` is within the margin of the
+/// coarse clock's time.
+inline bool reached(Clock::time_point at) {
+  Clock::duration margin = coarse_margin();
+  if (margin != Clock::duration::max() && coarse_now() + margin < at) return false;
+  return Clock::now() >= at;
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
