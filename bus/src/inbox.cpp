@@ -342,8 +342,9 @@ std::size_t Inbox::expire_due(Clock::time_point now) {
 void Inbox::complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply) {
   Pending* slot = find_pending(corr);
   // A reply whose slot holds another request (same slot, later sequence) is late; so is one
-  // whose channel differs (it cannot be this request's reply type).
-  if (slot == nullptr || slot->channel != channel) {
+  // whose channel differs (it cannot be this request's reply type). (A slot reserved but not
+  // filled yet cannot have a reply: its request is being sent by this very thread.)
+  if (slot == nullptr || slot->channel != channel || !slot->fn) [[unlikely]] {
     counters.add(channel, kLateReplies);
     return;
   }

@@ -312,20 +312,31 @@ TEST(Request, AnEarlyPendingRequestOutlivesManyAnsweredOnesBehindIt) {
   ASSERT_TRUE(bus.stop().ok());
 }
 
+/// Serves `slow` on executor 1 by keeping each request's replier, unanswered, in `held` (touched
+/// on executor 1 only); `holding` counts them.
+struct HeldReplies {
+  std::vector<bus::Replier<int>> held;
+  std::atomic<int> holding{0};
+  bus::Subscription serve(bus::Bus& bus) {
+    return bus.serve_async(
+        slow,
+        [this](int&& v, bus::Replier<int> reply) {
+          (void)v;
+          held.push_back(std::move(reply));
+          holding++;
+        },
+        bus::on_executor(1));
+  }
+};
+
 TEST(Request, ALateReplyNeverAnswersTheRequestThatTookItsPlace) {
   // Request A expires; request B, made in A's callback, takes the pending-request slot A left.
   // A's reply then comes, late: it is counted as late, and B gets its own reply, not A's.
   bus::Bus bus(bus::Options().executors(2));
-  std::vector<bus::Replier<int>> held;  // executor 1's
-  std::atomic<int> holding{0};
-  auto server = bus.serve_async(
-      slow,
-      [&](int&& v, bus::Replier<int> reply) {
-        (void)v;
-        held.push_back(std::move(reply));
-        holding++;
-      },
-      bus::on_executor(1));
+  HeldReplies replies;
+  auto server = replies.serve(bus);
+  auto& held = replies.held;
+  auto& holding = replies.holding;
   std::atomic<int> a_calls{0}, a_code{-1}, b_value{-1};
   ASSERT_TRUE(bus.post(bus::on_executor(0),
                        [&] {
@@ -355,16 +366,10 @@ TEST(Request, ALateReplyNeverAnswersTheRequestThatTookItsPlace) {
 
 TEST(Request, RequestsPastTheLimitOfPendingOnesAreRefusedThroughTheirCallback) {
   bus::Bus bus(bus::Options().executors(2).max_pending_requests(3));
-  std::vector<bus::Replier<int>> held;  // executor 1's
-  std::atomic<int> holding{0};
-  auto server = bus.serve_async(
-      slow,
-      [&](int&& v, bus::Replier<int> reply) {
-        (void)v;
-        held.push_back(std::move(reply));
-        holding++;
-      },
-      bus::on_executor(1));
+  HeldReplies replies;
+  auto server = replies.serve(bus);
+  auto& held = replies.held;
+  auto& holding = replies.holding;
   std::mutex mu;
   std::vector<std::pair<int, absl::StatusOr<int>>> results;
   auto request = [&](int i) {

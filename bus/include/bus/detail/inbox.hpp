@@ -188,7 +188,8 @@ class Inbox {
   // slot its correlation names (no hashing), and slots are reused most recent first.
   using CompleteFn = absl::AnyInvocable<void(absl::Status, void* reply)>;
   /// Correlations: the slot in the low kSlotBits, a sequence number of this inbox above them,
-  /// so a reply to an answered (or expired) request never matches the slot's next request.
+  /// so a reply to an answered (or expired) request does not match the slot's next request (the
+  /// sequence repeats only after 2^40 requests of one inbox).
   static constexpr unsigned kSlotBits = 24;
   static constexpr std::size_t kMaxPending = std::size_t{1} << kSlotBits;
   /// Takes a slot for a request about to be sent and returns its correlation, or 0 when
