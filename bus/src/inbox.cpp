@@ -174,9 +174,9 @@ std::size_t Inbox::run_deferred() {
   return n;
 }
 
-bool Inbox::ready() {
-  if (has_records()) return true;
-  if (timers_.empty() && deadlines_.empty()) return false;
+bool Inbox::ready() { return has_records() || timer_due(); }
+
+bool Inbox::timer_due() const {
   auto next = next_timer();
   return next && reached(*next);
 }
@@ -212,9 +212,8 @@ std::optional<Clock::time_point> Inbox::next_timer() const {
 }
 
 std::size_t Inbox::run_due_timers() {
-  if (timers_.empty() && deadlines_.empty()) return 0;
   // An executor with requests out comes here every pass; mostly nothing is due yet.
-  if (auto next = next_timer(); !next || !reached(*next)) return 0;
+  if (!timer_due()) return 0;
   std::size_t n = 0;
   auto now = Clock::now();
   n += expire_due(now);
@@ -262,11 +261,12 @@ void Inbox::drop_user_timers() {
 }
 
 uint64_t Inbox::reserve_pending() {
-  if (pending_count_ >= max_pending_) return 0;
   uint32_t slot;
   if (!free_pending_.empty()) {
     slot = free_pending_.back();
     free_pending_.pop_back();
+  } else if (pending_.size() >= max_pending_) {
+    return 0;  // every slot there may be is taken
   } else {
     slot = static_cast<uint32_t>(pending_.size());
     pending_.emplace_back();
@@ -274,7 +274,6 @@ uint64_t Inbox::reserve_pending() {
   uint64_t corr = (++last_correlation_ << kSlotBits) | slot;
   if (corr == 0) corr = (++last_correlation_ << kSlotBits) | slot;  // 0 marks a free slot
   pending_[slot].corr = corr;
-  ++pending_count_;
   return corr;
 }
 
@@ -283,7 +282,6 @@ Inbox::CompleteFn Inbox::take_pending(Pending& slot) {
   slot.fn = nullptr;
   slot.corr = 0;
   free_pending_.push_back(static_cast<uint32_t>(&slot - pending_.data()));
-  --pending_count_;
   return fn;
 }
 
@@ -298,7 +296,7 @@ void Inbox::add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadl
   slot->channel = channel;
   slot->fn = std::move(fn);
   deadlines_.push(deadline, corr);
-  if (deadlines_.size() > 2 * pending_count_ + 64) {
+  if (deadlines_.size() > 2 * pending_count() + 64) {
     // Mostly answered entries: keep the pending ones' (answers out of deadline order leave
     // entries behind the first; this bounds them to about the number pending).
     deadlines_.retain([this](uint64_t c) { return find_pending(c) != nullptr; });

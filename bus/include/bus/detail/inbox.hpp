@@ -181,6 +181,8 @@ class Inbox {
                  bool essential);
   bool cancel_timer(uint64_t id);
   std::optional<Clock::time_point> next_timer() const;
+  /// True when the earliest timer or pending request's deadline has come.
+  bool timer_due() const;
   std::size_t run_due_timers();
   void drop_user_timers();
 
@@ -204,7 +206,8 @@ class Inbox {
   /// next_timer(), ready() and run_due_timers() cover them too.
   /// A reply arrived: runs the callback, or counts a late reply when none is pending.
   void complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply);
-  std::size_t pending_count() const { return pending_count_; }
+  /// Slots taken (reserved or filled).
+  std::size_t pending_count() const { return pending_.size() - free_pending_.size(); }
   void cancel_all_pending(const absl::Status& why);
 
   CounterTable<kInboxCounters> counters;
@@ -258,7 +261,6 @@ class Inbox {
   std::vector<Pending> pending_;  // indexed by a correlation's slot
   const std::size_t max_pending_;
   std::vector<uint32_t> free_pending_;
-  std::size_t pending_count_ = 0;
   // The pending requests' deadlines; swept of answered entries once it holds over twice as many
   // as there are requests pending.
   Deadlines deadlines_;
