@@ -5,7 +5,7 @@
 //
 // items: per throughput case per run; round_trips: per request/reply case per run (the parking
 // case does a tenth); filter: run only the cases whose id or name contains it (several,
-// comma-separated: any of them).
+// comma-separated: any of them; "=id" selects the case of that id only).
 // Every consumer checks what it received (count and sum; order where it applies, per producer
 // for 2 -> 1); a mismatch exits with status 1. The peers are optional (see bench/queues.cmake):
 // a peer missing at build time skips its cases with a line saying so.
@@ -98,7 +98,7 @@ using Clock = std::chrono::steady_clock;
 constexpr std::size_t kRingBytes = 64 * 1024;
 constexpr std::size_t kBulk = 256;       // bulk push/pop of the peers that have it
 constexpr uint64_t kChunk = 1024;        // the bus's batched mode: sends per handler run
-constexpr uint64_t kBusBatch = 256;      // bus::Batch scope size in the 2 -> 1 case
+constexpr uint64_t kBusBatch = 256;      // bus::Batch scope size (plain threads)
 constexpr int kProducerCore = 0;         // producers (and bus executor 0)
 constexpr int kConsumerCore = 1;         // consumers (and bus executor 1)
 constexpr unsigned kProducerShift = 40;  // 2 -> 1: value = producer << 40 | sequence
@@ -660,8 +660,9 @@ struct Done {
 };
 
 /// A plain thread (on executor 0's core; that executor stays parked) publishes per message to
-/// one subscriber on executor 1: with Bus::publish, or (`kHandle`) a bus::Publisher.
-template <class T, bool kHandle = false>
+/// one subscriber on executor 1: with Bus::publish, or (`kHandle`) a bus::Publisher; with
+/// `kInBatch`, inside a bus::Batch of kBusBatch messages (the explicit batch scope).
+template <class T, bool kHandle = false, bool kInBatch = false>
 Sample bus_publish(uint64_t n) {
   bus::Bus b(bus_options());
   Check chk;
@@ -678,7 +679,12 @@ Sample bus_publish(uint64_t n) {
     PinScope pin(kProducerCore);
     bus::Publisher<T> pub = b.publisher(topic_of<T>());
     t0 = Clock::now();
+    std::optional<bus::Batch> scope;
     for (uint64_t i = 1; i <= n; ++i) {
+      if (kInBatch && (i - 1) % kBusBatch == 0) {
+        scope.reset();
+        scope.emplace(b);
+      }
       if constexpr (kHandle) {
         if (!pub.publish(make<T>(i)).ok()) fail("publish refused");
       } else {
@@ -1057,6 +1063,7 @@ int main(int argc, char** argv) {
   add("mutex", "std::mutex + std::deque", 0, false, mutex_deque);
   add("bus", "bus publish, plain thread", 1, false, bus_publish<uint64_t>);
   add("pub", "bus Publisher, plain thread", 1, false, bus_publish<uint64_t, true>);
+  add("busbatch", "bus Batch of 256, plain thread", 1, false, bus_publish<uint64_t, false, true>);
   add("busb", "bus batched, executor -> executor", 1, false,
       [](uint64_t n) { return bus_batched<uint64_t>(n); });
   add("pubb", "bus Publisher batched, executor -> executor", 1, false,
@@ -1120,9 +1127,10 @@ int main(int argc, char** argv) {
        "1 -> 1",
        false,
        {"ring64", "ring1024", "aq", "aq2", "boost1", "boost256", "rwq", "cq1", "cq256", "zmq",
-        "mutex", "bus", "pub", "busb", "pubb", "busbulk"},
+        "mutex", "bus", "pub", "busbatch", "busb", "pubb", "busbulk"},
        {{"publish/x", "bus"},
         {"Publ./x", "pub"},
+        {"Batch/x", "busbatch"},
         {"batched/x", "busb"},
         {"Pub.b/x", "pubb"},
         {"bulk/x", "busbulk"}}},
@@ -1157,7 +1165,8 @@ int main(int argc, char** argv) {
        {{"spin/x", "bus/rtt"}, {"park/x", "bus/rtt-park"}}},
   };
 
-  // filter: comma-separated; a case runs when its id or name contains one of the parts.
+  // filter: comma-separated; a case runs when its id or name contains one of the parts, or its
+  // id is a part's rest after '='.
   std::vector<std::string> parts;
   for (std::size_t at = 0; at <= filter.size();) {
     std::size_t comma = std::min(filter.find(',', at), filter.size());
@@ -1166,6 +1175,7 @@ int main(int argc, char** argv) {
   }
   auto selected = [&](const Case& c) {
     return parts.empty() || std::any_of(parts.begin(), parts.end(), [&](const std::string& f) {
+             if (f[0] == '=') return c.id == f.substr(1);
              return c.id.find(f) != std::string::npos || c.name.find(f) != std::string::npos;
            });
   };
@@ -1284,6 +1294,8 @@ int main(int argc, char** argv) {
   };
   // The batched mode two ways: an executor publishing one message per call (flushed once per
   // handler), and the bulk calls (publish_bulk -> subscribe_bulk), as the peers' bulk rows.
+  target("Batch(256) 1->1 / plain ring tail per 64", "busbatch", "ring64", false, 0.8, true);
+  target("Batch(256) 1->1 / boost spsc bulk 256", "busbatch", "boost256", false, 1.0, true);
   target("batched 1->1 / plain ring tail per 64", "busb", "ring64", false, 0.8, true);
   target("batched 1->1 / boost spsc bulk 256", "busb", "boost256", false, 1.0, true);
   target("Publisher batched 1->1 / plain ring tail per 64", "pubb", "ring64", false, 0.8, true);

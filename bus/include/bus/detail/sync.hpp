@@ -75,4 +75,19 @@ inline void cpu_relax() {
 #endif
 }
 
+/// Asks for the cache line `kOffset` bytes past `base + index` with intent to write (x86
+/// PREFETCHW, which x86-64 CPUs without it run as a no-op). __builtin_prefetch(p, 1) emits it
+/// only when the build targets such a CPU (-mprfchw), and a read prefetch fetches the line
+/// shared: a store still waits for it. Base and index are register operands, not a memory
+/// input: the compiler sees no read of memory that a store could alias, and the one
+/// instruction, `prefetchw kOffset(base, index, 8)`, needs no address of its own.
+template <std::ptrdiff_t kOffset>
+[[gnu::always_inline]] inline void prefetch_for_write(const uint64_t* base, uint64_t index) {
+#if defined(__x86_64__)
+  asm("prefetchw %c2(%0,%1,8)" : : "r"(base), "r"(index), "i"(kOffset));
+#else
+  __builtin_prefetch(reinterpret_cast<const char*>(base + index) + kOffset, 1);
+#endif
+}
+
 }  // namespace bus::detail
