@@ -85,7 +85,7 @@ class Ring {
   /// try_reserve() of a record of at most a cache line's words that does not cross a line: a
   /// latency-bound record (a request, a reply) then crosses between the cores as one line, not
   /// two. A skip marker fills the rest of the line when it would cross.
-  uint64_t* try_reserve_in_line(uint32_t words) {
+  [[gnu::always_inline]] uint64_t* try_reserve_in_line(uint32_t words) {
     constexpr uint64_t kLineWords = kCacheLine / 8;
     assert(words <= kLineWords);
     uint64_t off = write_ & (kLineWords - 1);  // (buf_ is aligned to a line)
