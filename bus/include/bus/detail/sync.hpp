@@ -1,10 +1,11 @@
-// Parking and barriers shared by the rings and the inboxes.
+// Parking, barriers and prefetches shared by the rings and the inboxes.
 #pragma once
 
 #include <time.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 
 namespace bus::detail {
@@ -76,11 +77,12 @@ inline void cpu_relax() {
 }
 
 /// Asks for the cache line `kOffset` bytes past `base + index` with intent to write (x86
-/// PREFETCHW, which x86-64 CPUs without it run as a no-op). __builtin_prefetch(p, 1) emits it
-/// only when the build targets such a CPU (-mprfchw), and a read prefetch fetches the line
-/// shared: a store still waits for it. Base and index are register operands, not a memory
-/// input: the compiler sees no read of memory that a store could alias, and the one
-/// instruction, `prefetchw kOffset(base, index, 8)`, needs no address of its own.
+/// PREFETCHW: every AMD x86-64 CPU and Intel's since Broadwell have it, and 64-bit Windows
+/// requires it since 8.1). __builtin_prefetch(p, 1) emits it only when the build targets such a
+/// CPU (-mprfchw), and a read prefetch fetches the line shared: a store still waits for it. Base
+/// and index are register operands, not a memory input: the compiler sees no read of memory that a
+/// store could alias, and the one instruction, `prefetchw kOffset(base, index, 8)`, needs no
+/// address of its own.
 template <std::ptrdiff_t kOffset>
 [[gnu::always_inline]] inline void prefetch_for_write(const uint64_t* base, uint64_t index) {
 #if defined(__x86_64__)
