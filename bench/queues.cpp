@@ -1292,8 +1292,9 @@ int main(int argc, char** argv) {
     }
     std::printf("\n");
   };
-  // The batched mode two ways: an executor publishing one message per call (flushed once per
-  // handler), and the bulk calls (publish_bulk -> subscribe_bulk), as the peers' bulk rows.
+  // The batched mode three ways: a plain thread publishing one message per call inside a Batch
+  // (published when it ends), an executor doing the same (flushed once per handler), and the
+  // bulk calls (publish_bulk -> subscribe_bulk), as the peers' bulk rows.
   target("Batch(256) 1->1 / plain ring tail per 64", "busbatch", "ring64", false, 0.8, true);
   target("Batch(256) 1->1 / boost spsc bulk 256", "busbatch", "boost256", false, 1.0, true);
   target("batched 1->1 / plain ring tail per 64", "busb", "ring64", false, 0.8, true);

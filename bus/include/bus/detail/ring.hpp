@@ -177,7 +177,7 @@ class Ring {
   /// prefetch those stores queue up: a store buffer holds a few dozen, so with several stores
   /// per message (the record, the caller's stack) the producer stalled on about one line at a
   /// time; with it, many lines are on their way at once (docs/core.md has the figures: a plain
-  /// thread's publish per message went from 78 to 171 M msgs/s). 64 words did as well for 8-byte
+  /// thread's publish per message went from 83 to 171 M msgs/s). 64 words did as well for 8-byte
   /// messages and worse for 64-byte ones. The address is not wrapped (one instruction, not three):
   /// near the buffer's end it falls in a padding of kPrefetchWords after it, allocated with the
   /// buffer so that the prefetch takes no line another thread writes.
