@@ -722,7 +722,9 @@ Sample bus_batched(uint64_t n, int subscribers = 1) {
     std::optional<bus::Publisher<T>> pub;  // made on executor 0, the thread that uses it
   } prod;
   std::function<void()> chunk = [&] {
-    uint64_t& next = prod.next;
+    // The count in a local, as the peers' loops keep theirs: a uint64_t published may alias
+    // prod.next, which would then be stored and loaded again around every publish.
+    uint64_t next = prod.next;
     if (kHandle && !prod.pub) prod.pub.emplace(b.publisher(topic_of<T>()));
     for (uint64_t end = std::min(n, next + kChunk - 1); next <= end; ++next) {
       if constexpr (kHandle) {
@@ -731,6 +733,7 @@ Sample bus_batched(uint64_t n, int subscribers = 1) {
         if (!b.publish(topic_of<T>(), make<T>(next)).ok()) fail("publish from executor refused");
       }
     }
+    prod.next = next;
     if (next <= n && !b.post(bus::on_executor(0), chunk).ok()) fail("post refused");
   };
   Clock::time_point t0 = Clock::now();

@@ -264,6 +264,9 @@ void Core::run_executor(Inbox& in, unsigned index) {
   tls_uid_ = uid_;
   tls_producer_ = &p;
 
+  // Sends from now on need no look at the state (see Producer::Gate) until the loop ends.
+  p.executor_running = true;
+  p.gate = p.ungated();
   bool user_timers_dropped = false;
   std::size_t since_spin = 0;  // records drained since the last spin
   while (true) {
@@ -337,6 +340,8 @@ void Core::run_executor(Inbox& in, unsigned index) {
     if (!p.backlog.empty()) p.want_room();
     in.park([&] { return state() != s || (!p.backlog.empty() && p.backlog_has_room()); });
   }
+  p.executor_running = false;
+  p.gate = p.ungated();  // what the callbacks below send is refused
   in.cancel_all_pending(absl::CancelledError("bus: stopped before the reply arrived"));
 }
 

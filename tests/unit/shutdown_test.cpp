@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <bus/bus.hpp>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -75,6 +76,43 @@ TEST(Shutdown, PendingRequestsAreReportedNotLost) {
   }
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_EQ(replies.load() + statuses.load(), 1000) << "every callback ran exactly once";
+}
+
+TEST(Shutdown, WhatAnExecutorSendsAfterItsLoopEndedIsRefused) {
+  // An executor needs no look at the bus's state per send while it runs its loop; after it,
+  // stop() answers its pending requests (Cancelled) and what those callbacks send is refused.
+  std::mutex mu;
+  std::vector<bus::Replier<long>> held;  // never answered before the stop
+  bus::Bus bus(bus::Options().executors(2));
+  std::atomic<long> got{0};
+  auto sub = bus.subscribe(events, [&](const long&) { got++; });
+  auto server = bus.serve_async(
+      echo,
+      [&](long&&, bus::Replier<long> reply) {
+        std::lock_guard lock(mu);
+        held.push_back(std::move(reply));
+      },
+      bus::on_executor(1));
+  std::atomic<int> answer{-1}, sent{-1}, during{-1};
+  ASSERT_TRUE(bus.post(bus::on_executor(0),
+                       [&] {
+                         during = static_cast<int>(bus.publish(events, 1L).code());
+                         bus.request(echo, 1L, std::chrono::seconds(60),
+                                     [&](absl::StatusOr<long> r) {
+                                       sent = static_cast<int>(bus.publish(events, 2L).code());
+                                       answer = static_cast<int>(r.status().code());
+                                     });
+                       })
+                  .ok());
+  ASSERT_TRUE(bus_test::eventually([&] {
+    std::lock_guard lock(mu);
+    return held.size() == 1;
+  }));
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(during.load(), static_cast<int>(absl::StatusCode::kOk));
+  EXPECT_EQ(answer.load(), static_cast<int>(absl::StatusCode::kCancelled));
+  EXPECT_EQ(sent.load(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(got.load(), 1) << "the message sent in the loop was delivered";
 }
 
 TEST(Shutdown, StopIsIdempotentAndDestructionStops) {

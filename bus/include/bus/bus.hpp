@@ -698,10 +698,10 @@ absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool route
   };
   using Gate = detail::Producer::Gate;
   const Gate gate = p.gate;
-  // Inside a Batch (entered when it began) or on an executor: the records are published at the
-  // Batch's end or the executor's flush. The two take one inline path: they differ only in the
-  // executor's look at whether the bus has stopped.
-  if (gate == Gate::kBatchGate || (gate == Gate::kExecutorGate && c.enter(p, gate))) {
+  // Inside a Batch (entered when it began) or on an executor running its loop: the records are
+  // published at the Batch's end or the executor's flush. An executor whose loop ended looks at
+  // whether the bus has stopped (see Producer::Gate).
+  if (gate == Gate::kBatchGate || (gate == Gate::kExecutorGate && c.enter(p, gate))) [[likely]] {
     if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg)))
       return absl::OkStatus();
     return call_slow();
@@ -1020,7 +1020,7 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
   p.counters.add(endpoint.id(), detail::kPublished);
   // A request waits for its reply: it leaves at once (with what this thread sent before it), not
   // at the end of the handler batch making it. A Batch still holds it until the Batch ends.
-  if (p.gate == detail::Producer::kExecutorGate) p.flush();
+  if (p.executor_unbatched()) p.flush();
   home.add_pending(corr, endpoint.id(), deadline,
                    [cb = CB(std::forward<F>(callback))](absl::Status st, void* rep) mutable {
                      if (st.ok()) {

@@ -33,8 +33,16 @@ enum class State : int { kRunning, kDraining, kStopped };
 /// destination ring is full.
 struct Producer {
   /// How a send enters the bus and when its ring is published: kPlainGate, a plain thread
-  /// (stop() waits for its publish, published per send); kExecutorGate, an executor (published
-  /// at its flush); kBatchGate, inside a Batch (entered once, published when it ends).
+  /// (stop() waits for its publish, published per send); kBatchGate, entered already and
+  /// published at a flush: inside a Batch (entered when it began, published when it ends) or an
+  /// executor running its loop (published at the end of each handler batch); kExecutorGate, an
+  /// executor whose loop has ended (the bus stopped): its sends are refused.
+  ///
+  /// An executor's loop needs no look at the state per send: stop() flips to kStopped only when
+  /// no handler runs and none can start but a timer's or a deadline's, which counts itself in
+  /// ticks_started first and looks at the state after (stop() then sees the tick and goes back
+  /// to draining, so what that handler sends is delivered). Only what runs after the loop (the
+  /// callbacks of requests cancelled by the stop) is refused.
   enum Gate : uint8_t { kBatchGate, kExecutorGate, kPlainGate };
 
   Producer(Core& c, std::weak_ptr<Core> w, Inbox* own, bool is_executor)
@@ -44,7 +52,10 @@ struct Producer {
         executor(is_executor),
         one_cpu(!is_executor && on_one_cpu()),
         gate(ungated()) {}
-  Gate ungated() const { return executor ? kExecutorGate : kPlainGate; }
+  /// The gate outside a Batch.
+  Gate ungated() const {
+    return !executor ? kPlainGate : executor_running ? kBatchGate : kExecutorGate;
+  }
 
   Core& core;
   std::weak_ptr<Core> weak;
@@ -65,7 +76,11 @@ struct Producer {
   std::vector<std::shared_ptr<Ring>> rings;  // by destination inbox index
   std::vector<Ring*> unpublished;
   int batch_depth = 0;
-  Gate gate;                          // kBatchGate while batch_depth > 0
+  // An executor's, set while it runs its loop (Core::run_executor()).
+  bool executor_running = false;
+  Gate gate;  // kBatchGate while batch_depth > 0 and while an executor runs its loop
+  /// An executor outside a Batch: its sends are published at the end of its handler batch.
+  bool executor_unbatched() const { return executor && batch_depth == 0; }
   std::vector<uint32_t> round_robin;  // per channel id
   CounterTable<kProducerCounters> counters;
 
