@@ -701,7 +701,7 @@ absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool route
   // Inside a Batch (entered when it began) or on an executor running its loop: the records are
   // published at the Batch's end or the executor's flush. An executor whose loop ended looks at
   // whether the bus has stopped (see Producer::Gate).
-  if (gate == Gate::kBatchGate || (gate == Gate::kExecutorGate && c.enter(p, gate))) [[likely]] {
+  if (gate == Gate::kBatchGate || (gate == Gate::kExecutorGate && c.enter(p, gate))) {
     if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg)))
       return absl::OkStatus();
     return call_slow();
