@@ -271,7 +271,7 @@ void Core::run_executor(Inbox& in, unsigned index) {
   std::size_t since_spin = 0;  // records drained since the last spin
   while (true) {
     State s = state();
-    if (s == State::kStopped) break;
+    if (s == State::kStopped && exiting()) break;
     if (s == State::kDraining && !user_timers_dropped) {
       in.drop_user_timers();
       user_timers_dropped = true;
@@ -325,7 +325,8 @@ void Core::run_executor(Inbox& in, unsigned index) {
         }
         work = in.has_records();
         if (!work && paused % 64 == 0) {
-          work = in.ready() || state() != s || (!p.backlog.empty() && p.backlog_has_room());
+          work = in.ready() || state() != s || exiting() ||
+                 (!p.backlog.empty() && p.backlog_has_room());
           auto now = Clock::now();
           if (until == Clock::time_point::max()) {
             until = now + options_.spin();
@@ -338,7 +339,9 @@ void Core::run_executor(Inbox& in, unsigned index) {
     since_spin = 0;
     if (work) continue;
     if (!p.backlog.empty()) p.want_room();
-    in.park([&] { return state() != s || (!p.backlog.empty() && p.backlog_has_room()); });
+    in.park([&] {
+      return state() != s || exiting() || (!p.backlog.empty() && p.backlog_has_room());
+    });
   }
   p.executor_running = false;
   p.gate = p.ungated();  // what the callbacks below send is refused
@@ -428,6 +431,7 @@ absl::Status Core::stop() {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  exit_.store(true, std::memory_order_release);  // now executors leave their loops
   for (Inbox* e : executors_) e->wake();
   for (auto& t : threads_) {
     if (t.joinable()) t.join();

@@ -154,6 +154,10 @@ class Core {
   const Options& options() const { return options_; }
   uint64_t uid() const { return uid_; }
   State state() const { return state_.load(std::memory_order_relaxed); }
+  /// Set by stop() once the bus has stopped for good (kStopped, and no timer started in the
+  /// window): executors leave their loops then, not when they see kStopped, which stop() takes
+  /// back when a timer started in the window (a handler that runs then may send to any executor).
+  bool exiting() const { return exit_.load(std::memory_order_acquire); }
   unsigned executor_count() const { return static_cast<unsigned>(executors_.size()); }
   Inbox& executor(unsigned i) { return *executors_[i]; }
   unsigned next_placement() {
@@ -373,6 +377,7 @@ class Core {
   const uint64_t uid_;
   std::weak_ptr<Core> self_;
   std::atomic<State> state_{State::kRunning};
+  std::atomic<bool> exit_{false};  // see exiting()
   std::atomic<unsigned> placement_{0};
   std::vector<Inbox*> executors_;
   std::vector<std::thread> threads_;
