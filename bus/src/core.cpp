@@ -339,9 +339,8 @@ void Core::run_executor(Inbox& in, unsigned index) {
     since_spin = 0;
     if (work) continue;
     if (!p.backlog.empty()) p.want_room();
-    in.park([&] {
-      return state() != s || exiting() || (!p.backlog.empty() && p.backlog_has_room());
-    });
+    in.park(
+        [&] { return state() != s || exiting() || (!p.backlog.empty() && p.backlog_has_room()); });
   }
   p.executor_running = false;
   p.gate = p.ungated();  // what the callbacks below send is refused
