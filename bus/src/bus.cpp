@@ -174,14 +174,17 @@ Stats Bus::stats() const {
 
 Batch::Batch(Bus& bus) : core_(*bus.core_), producer_(core_.producer()) {
   accepted_ = core_.enter(producer_);
-  if (accepted_ && producer_.batch_depth++ == 0) producer_.gate = detail::Producer::kBatchGate;
+  if (accepted_ && producer_.batch_depth++ == 0) {
+    outer_gate_ = producer_.gate;
+    producer_.gate = detail::Producer::kBatchGate;
+  }
 }
 
 Batch::~Batch() {
   if (!accepted_) return;
   if (--producer_.batch_depth == 0) {
     producer_.flush();
-    producer_.gate = producer_.ungated();
+    producer_.gate = outer_gate_;
     core_.leave(producer_);
   }
 }

@@ -265,13 +265,12 @@ void Core::run_executor(Inbox& in, unsigned index) {
   tls_producer_ = &p;
 
   // Sends from now on need no look at the state (see Producer::Gate) until the loop ends.
-  p.executor_running = true;
-  p.gate = p.ungated();
+  p.gate = Producer::kBatchGate;
   bool user_timers_dropped = false;
   std::size_t since_spin = 0;  // records drained since the last spin
   while (true) {
     State s = state();
-    if (s == State::kStopped && exiting()) break;
+    if (exiting()) break;  // (set only once the state is kStopped for good)
     if (s == State::kDraining && !user_timers_dropped) {
       in.drop_user_timers();
       user_timers_dropped = true;
@@ -342,8 +341,7 @@ void Core::run_executor(Inbox& in, unsigned index) {
     in.park(
         [&] { return state() != s || exiting() || (!p.backlog.empty() && p.backlog_has_room()); });
   }
-  p.executor_running = false;
-  p.gate = p.ungated();  // what the callbacks below send is refused
+  p.gate = Producer::kExecutorGate;  // what the callbacks below send is refused
   in.cancel_all_pending(absl::CancelledError("bus: stopped before the reply arrived"));
 }
 

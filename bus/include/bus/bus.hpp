@@ -355,6 +355,7 @@ class Batch {
   detail::Core& core_;
   detail::Producer& producer_;
   bool accepted_;
+  detail::Producer::Gate outer_gate_ = detail::Producer::kPlainGate;  // restored at the end
 };
 
 /// One thread's handle for publishing to one topic: publish() is Bus::publish(), with the same

@@ -51,11 +51,7 @@ struct Producer {
         own_inbox(own),
         executor(is_executor),
         one_cpu(!is_executor && on_one_cpu()),
-        gate(ungated()) {}
-  /// The gate outside a Batch.
-  Gate ungated() const {
-    return !executor ? kPlainGate : executor_running ? kBatchGate : kExecutorGate;
-  }
+        gate(executor ? kExecutorGate : kPlainGate) {}
 
   Core& core;
   std::weak_ptr<Core> weak;
@@ -76,9 +72,9 @@ struct Producer {
   std::vector<std::shared_ptr<Ring>> rings;  // by destination inbox index
   std::vector<Ring*> unpublished;
   int batch_depth = 0;
-  // An executor's, set while it runs its loop (Core::run_executor()).
-  bool executor_running = false;
-  Gate gate;  // kBatchGate while batch_depth > 0 and while an executor runs its loop
+  // kBatchGate while batch_depth > 0 (a Batch restores the gate it found) and while an executor
+  // runs its loop (Core::run_executor() opens it, and closes it after).
+  Gate gate;
   /// An executor outside a Batch: its sends are published at the end of its handler batch.
   bool executor_unbatched() const { return executor && batch_depth == 0; }
   std::vector<uint32_t> round_robin;  // per channel id
