@@ -711,9 +711,9 @@ Sample bus_batched(uint64_t n, int subscribers = 1) {
   for (int s = 0; s < subscribers; ++s) {
     subs.push_back(b.subscribe(
         topic_of<T>(),
-        [&, s](const T& v) {
-          chk[s].take(v);
-          if (chk[s].count == n && finished.fetch_add(1) + 1 == subscribers) done.set();
+        [&, &mine = chk[s]](const T& v) {  // its own Check, as the peers' consumers hold theirs
+          mine.take(v);
+          if (mine.count == n && finished.fetch_add(1) + 1 == subscribers) done.set();
         },
         bus::on_executor(s % 2 == 0 ? 1 : 0)));
   }

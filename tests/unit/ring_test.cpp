@@ -379,6 +379,7 @@ struct RecordRun {
 /// Commits a record of `t` whose payload words all hold `value`.
 uint64_t* put_for(Ring& ring, const bus::detail::Target& t, uint64_t value) {
   uint32_t words = t.ops->words;
+  ring.close_run();  // a new record goes after an open run's payloads (as Core::append_record)
   uint64_t* at = ring.try_reserve(words);
   if (at == nullptr) return nullptr;
   for (uint32_t k = 1; k < words; ++k) at[k] = value;
@@ -458,6 +459,7 @@ uint64_t* put_run(Ring& ring, const bus::detail::Target& t, uint64_t value,
     ring.extended(pw);
     return at;
   }
+  ring.close_run();  // the new record goes after the open run's payloads
   uint64_t* at = ring.try_reserve(pw + 1);
   if (at == nullptr) return nullptr;
   for (uint32_t k = 1; k <= pw; ++k) at[k] = value;

@@ -394,6 +394,13 @@ class Publisher {
     route_.list = &detail::kUnresolvedRoute;  // no target list: the first publish() resolves
   }
 
+  /// publish() when the route does not take the message, out of line, in three argument
+  /// registers (the result, this, the message). Called inline, the six-argument
+  /// Bus::publish_resolving() took a seventh on the stack: the caller kept a frame pointer for it,
+  /// and a loop of publish() calls spilled its own counter to memory (docs/core.md).
+  template <class U>
+  [[gnu::noinline]] absl::Status publish_slow(U&& msg);
+
   detail::Core* core_;  // not owned: a handler holding a Publisher must not keep its bus alive
   detail::Producer* producer_;
 #ifndef NDEBUG
@@ -679,9 +686,14 @@ absl::Status Publisher<T>::publish(U&& msg) {
   assert(!alive_.expired() && "a Publisher is used while its Bus exists");
   assert(&core_->producer() == producer_ && "a Publisher publishes on the thread that made it");
   detail::Producer& p = *producer_;
-  return Bus::publish_gated<T>(*core_, p, true, route_, std::forward<U>(msg), [&]<class M>(M&& m) {
-    return Bus::publish_resolving(*core_, p, *state_, topic_, route_, std::forward<M>(m));
-  });
+  return Bus::publish_gated<T>(*core_, p, true, route_, std::forward<U>(msg),
+                               [&]<class M>(M&& m) { return publish_slow(std::forward<M>(m)); });
+}
+
+template <class T>
+template <class U>
+absl::Status Publisher<T>::publish_slow(U&& msg) {
+  return Bus::publish_resolving(*core_, *producer_, *state_, topic_, route_, std::forward<U>(msg));
 }
 
 template <class T, class U, class Slow>

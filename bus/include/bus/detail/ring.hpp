@@ -55,15 +55,16 @@ class Ring {
 
   // ---- producer side -------------------------------------------------------------------------
 
-  /// `words` contiguous words, or null when the ring has no room for them.
+  /// `words` contiguous words, or null when the ring has no room for them. No run is open
+  /// (close_run(): the write position is the run's start until then).
   [[gnu::always_inline]] uint64_t* try_reserve(uint32_t words) {
+    assert(run_header_ == 0 && "try_reserve() with a run open: close_run() first");
     // Fast path: below the limit known free and before the buffer's end.
     if (write_ + words <= write_limit_) [[likely]]
       return at_write();
     return reserve_slow(words);
   }
   uint64_t* reserve_slow(uint32_t words) {
-    close_run();  // before a wrap marker moves write_ past the run's end
     uint64_t pos = write_ & mask_;
     uint64_t contiguous = capacity() - pos;
     uint64_t need = words <= contiguous ? words : contiguous + words;
@@ -88,9 +89,9 @@ class Ring {
   [[gnu::always_inline]] uint64_t* try_reserve_in_line(uint32_t words) {
     constexpr uint64_t kLineWords = kCacheLine / 8;
     assert(words <= kLineWords);
+    assert(run_header_ == 0 && "try_reserve_in_line() with a run open: close_run() first");
     uint64_t off = write_ & (kLineWords - 1);  // (buf_ is aligned to a line)
     if (off + words > kLineWords) [[unlikely]] {
-      close_run();  // before the marker moves write_ past the run's end
       if (try_reserve(kLineWords - off + words) == nullptr) return nullptr;
       off = write_ & (kLineWords - 1);  // 0 after a wrap
       if (off != 0) put_marker(kSkipLine, write_ + (kLineWords - off));
@@ -118,8 +119,12 @@ class Ring {
     put_word(write_, header);
     write_ += words;
   }
-  /// The producer's write position (the next word try_reserve() hands out, after a wrap).
-  uint64_t write_position() const { return write_; }
+  /// The producer's write position (the next word try_reserve() hands out, after a wrap). No
+  /// run is open.
+  uint64_t write_position() const {
+    assert(run_header_ == 0);
+    return write_;
+  }
   /// commit() and publish() of the record of `header` at `record`, which ends at `end`, when
   /// nothing else is unpublished (so no run is open): a plain thread outside a Batch, which
   /// publishes each record at once. (A marker before the record was published already.)
@@ -141,11 +146,13 @@ class Ring {
     close_run();
     write_ += words;
     run_header_ = header;
-    run_start_ = write_ - (words - 1);
     run_words_ = words - 1;
     run_counter_ = counter;
-    // kMaxRun payloads at most, behind the record and before the buffer's end.
-    run_limit_ = std::min(write_limit_, write_ + uint64_t{kMaxRun - 1} * (words - 1));
+    // kMaxRun payloads at most, behind the record and before the buffer's end (so the run's
+    // words are contiguous: the cursor is a plain pointer).
+    const uint64_t limit = std::min(write_limit_, write_ + uint64_t{kMaxRun - 1} * (words - 1));
+    run_at_ = buf_ + (write_ & mask_);
+    run_end_ = run_at_ + (limit - write_);
   }
   /// Closes the open run of `header`'s target when it counts into another counter than
   /// `counter` (or none), so that what joins it from now on is counted once: the fan-out path,
@@ -156,13 +163,20 @@ class Ring {
   /// Where one more payload of `payload_words` goes in the open run of `header`'s target, or
   /// null: no open run of that target, or it cannot grow (kMaxRun, the buffer's end, no room
   /// known). Build the payload there, then call extended().
+  ///
+  /// An open run grows through its own cursor (run_at_, up to run_end_), not the write position:
+  /// three loads per message (the run's header, cursor and end) where the position took five
+  /// (the header, position, limit, buffer and mask), and no mask. The write position catches up
+  /// when the run closes.
   [[gnu::always_inline]] uint64_t* extend_at(uint64_t header, uint32_t payload_words) {
-    if (run_header_ != header || write_ + payload_words > run_limit_) return nullptr;
-    return at_write();
+    if (run_header_ != header || run_at_ + payload_words > run_end_) return nullptr;
+    if (run_at_ == nullptr) __builtin_unreachable();  // (an open run has a cursor; see at_write)
+    prefetch_for_write<kPrefetchWords * 8>(run_at_);  // past the end: the buffer's padding
+    return run_at_;
   }
   /// Where the next word goes. Never null (the constructor throws instead): telling the compiler
-  /// so folds away the callers' checks of try_reserve() and extend_at() on their fast paths
-  /// (72 instead of 78 instructions per message published in a Batch).
+  /// so folds away the callers' checks of try_reserve() on their fast paths (72 instead of 78
+  /// instructions per message published in a Batch, when extend_at() came here too).
   ///
   /// It also asks for the line kPrefetchWords ahead, to be written (see there).
   [[gnu::always_inline]] uint64_t* at_write() const {
@@ -182,15 +196,21 @@ class Ring {
   /// near the buffer's end it falls in a padding of kPrefetchWords after it, allocated with the
   /// buffer so that the prefetch takes no line another thread writes.
   static constexpr uint64_t kPrefetchWords = 128;
-  void extended(uint32_t payload_words) { write_ += payload_words; }
+  void extended(uint32_t payload_words) { run_at_ += payload_words; }
   /// How many payloads of `payload_words` the open run of `header`'s target can still take,
   /// back to back from extend_at(); extended_by() counts those built.
   std::size_t extend_room(uint64_t header, uint32_t payload_words) const {
-    if (run_header_ != header || write_ >= run_limit_) return 0;
-    return static_cast<std::size_t>((run_limit_ - write_) / payload_words);
+    if (run_header_ != header) return 0;
+    return static_cast<std::size_t>(run_end_ - run_at_) / payload_words;
   }
   void extended_by(std::size_t payloads, uint32_t payload_words) {
-    write_ += payloads * payload_words;
+    run_at_ += payloads * payload_words;
+  }
+  /// Moves the write position past the open run's payloads, writes their count into its header
+  /// (they lie from the run's first payload to write_ then) and counts them.
+  [[gnu::always_inline]] void close_run() {
+    if (run_header_ != 0) [[unlikely]]
+      close_open_run();
   }
   /// Makes committed records visible. Returns false when there was nothing new.
   bool publish() {
@@ -199,8 +219,10 @@ class Ring {
     publish_to(stash_, write_);
     return true;
   }
+  /// (Right with a run open too: its header, at least, is unpublished, and write_ is past it.)
   bool has_unpublished() const { return write_ != published_; }
   bool has_room(uint32_t words) {
+    assert(run_header_ == 0);
     head_cache_ = head_.load(std::memory_order_acquire);  // pairs with (4)
     uint64_t pos = write_ & mask_;
     uint64_t contiguous = capacity() - pos;
@@ -319,24 +341,22 @@ class Ring {
   uint64_t write_limit_ = 0;  // write_ may grow to it without a check: free and before the end
   // The first word written since the last publish, withheld until the next (see the class).
   uint64_t stash_ = 0;
-  // The run extend_at() appends to: its header (0: none), the end it may grow to, where its
-  // payloads start (its header is the word before) and their size, and the counter of its
-  // messages.
+  // The run extend_at() appends to: its header (0: none), where its next payload goes and where
+  // it must end (addresses in buf_: a run never wraps), its payloads' size, and the counter of
+  // its messages. While it is open, write_ stays past its first payload, where the cursor
+  // started: the run starts run_words_ before it (its header one word earlier).
   uint64_t run_header_ = 0;
-  uint64_t run_limit_ = 0;
-  uint64_t run_start_ = 0;
+  uint64_t* run_at_ = nullptr;
+  uint64_t* run_end_ = nullptr;
   uint64_t run_words_ = 1;
   std::atomic<uint64_t>* run_counter_ = nullptr;
 
-  /// Writes the open run's count of payloads into its header (the payloads lie from run_start_
-  /// to write_) and counts them.
-  [[gnu::always_inline]] void close_run() {
-    if (run_header_ != 0) [[unlikely]]
-      close_open_run();
-  }
+  /// close_run() when a run is open.
   [[gnu::noinline]] void close_open_run() {
-    uint64_t payloads = (write_ - run_start_) / run_words_;
-    put_word(run_start_ - 1, run_header_ + ((payloads - 1) << kRunShift));
+    const uint64_t start = write_ - run_words_;  // the first payload (write_ is past it)
+    write_ += static_cast<uint64_t>(run_at_ - (buf_ + (write_ & mask_)));  // as in commit_run()
+    uint64_t payloads = (write_ - start) / run_words_;
+    put_word(start - 1, run_header_ + ((payloads - 1) << kRunShift));
     if (run_counter_ != nullptr) {
       run_counter_->store(run_counter_->load(std::memory_order_relaxed) + payloads,
                           std::memory_order_relaxed);

@@ -91,5 +91,14 @@ template <std::ptrdiff_t kOffset>
   __builtin_prefetch(reinterpret_cast<const char*>(base + index) + kOffset, 1);
 #endif
 }
+/// prefetch_for_write() of the line `kOffset` bytes past `at`.
+template <std::ptrdiff_t kOffset>
+[[gnu::always_inline]] inline void prefetch_for_write(const uint64_t* at) {
+#if defined(__x86_64__)
+  asm("prefetchw %c1(%0)" : : "r"(at), "i"(kOffset));
+#else
+  __builtin_prefetch(reinterpret_cast<const char*>(at) + kOffset, 1);
+#endif
+}
 
 }  // namespace bus::detail
