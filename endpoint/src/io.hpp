@@ -220,6 +220,9 @@ class IoThread {
   void unwatch(int fd);
   /// Stops the event loop (shutdown: every connection is gone).
   void finish();
+  /// "HTTP/1.1 200 OK\r\n": the status line of a response, kept for the last version and status
+  /// this thread sent (nearly every response repeats them).
+  const std::string& status_line(unsigned version, unsigned status);
 
  private:
   void run(std::mutex& mu, std::condition_variable& cv, bool& ready);
@@ -237,6 +240,8 @@ class IoThread {
   void sweep();
   void begin_shutdown();
 
+  std::string status_line_;
+  unsigned status_line_key_ = 0;  // version * 1000 + status of status_line_; 0: none yet
   tcp::acceptor acceptor_{ioc};
   uint16_t port_ = 0;
   std::optional<ExternalInbox> inbox_;

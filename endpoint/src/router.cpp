@@ -42,7 +42,7 @@ std::size_t Router::add(Method method, std::string_view path) {
   return routes_.size() - 1;
 }
 
-bool Router::fits(const Route& r, const std::vector<std::string_view>& path) {
+bool Router::fits(const Route& r, absl::Span<const std::string_view> path) {
   if (r.segments.size() != path.size()) return false;
   for (std::size_t i = 0; i < path.size(); ++i) {
     // A parameter takes any non-empty segment; a literal must be equal.
@@ -51,7 +51,7 @@ bool Router::fits(const Route& r, const std::vector<std::string_view>& path) {
   return true;
 }
 
-std::optional<Router::Match> Router::match(Method method, const std::vector<std::string_view>& path,
+std::optional<Router::Match> Router::match(Method method, absl::Span<const std::string_view> path,
                                            Miss* miss) const {
   // Literal segments beat parameters: "/orders/new" wins over "/orders/{id}" whatever the order
   // the routes were added in.

@@ -1,6 +1,8 @@
 // Route templates ("/orders/{id}") and matching a request path against them. No Beast here.
 #pragma once
 
+#include <absl/types/span.h>
+
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -32,12 +34,12 @@ class Router {
   /// or a second route with the same method and path shape.
   std::size_t add(Method method, std::string_view path);
   /// `path` is the request's decoded path segments. A GET route answers HEAD as well.
-  std::optional<Match> match(Method method, const std::vector<std::string_view>& path,
+  std::optional<Match> match(Method method, absl::Span<const std::string_view> path,
                              Miss* miss) const;
   const std::vector<Route>& routes() const { return routes_; }
 
  private:
-  static bool fits(const Route& r, const std::vector<std::string_view>& path);
+  static bool fits(const Route& r, absl::Span<const std::string_view> path);
   std::vector<Route> routes_;
 };
 
