@@ -22,6 +22,13 @@ inline const bus::Topic<uint64_t> quiet{"publisher_test.quiet"};
 inline const bus::Topic<uint64_t> failing{"publisher_test.failing", bus::Overflow::kFail};
 inline const bus::Topic<std::string> texts{"publisher_test.texts"};
 
+/// A 64-byte message: eight words per payload in a run.
+struct Wide {
+  uint64_t seq = 0;
+  uint64_t pad[7] = {};
+};
+inline const bus::Topic<Wide> wide{"publisher_test.wide"};
+
 /// A message whose copy throws when asked to.
 struct Fussy {
   uint64_t v = 0;
@@ -98,6 +105,135 @@ TEST(Publisher, RunsInABatchAreCountedOnceEachAndKeepOrder) {
   EXPECT_EQ(b.values, one_to(other - 1));
   EXPECT_EQ(published(bus, "publisher_test.numbers"), kRounds * kPerRound);
   EXPECT_EQ(published(bus, "publisher_test.quiet"), other - 1);
+}
+
+TEST(Publisher, HandlesAndBusPublishSharingOneInboxInABatchKeepEachTopicsOrder) {
+  // Inside a Batch a handle holds its run's cursor (a lease on the ring). Two handles of one
+  // topic, Bus::publish() to it, and sends of two other topics to the same inbox all take the
+  // run from one another, in every order: each topic's messages arrive in the order they were
+  // published, every one counted once.
+  constexpr uint64_t kRounds = 30, kPerRound = 1'000;
+  Seen a, b;
+  std::vector<uint64_t> w;
+  bool wide_intact = true;
+  bus::Bus bus(bus::Options().executors(1));
+  auto sa = bus.subscribe(numbers, [&](const uint64_t& v) { a.take(v); });
+  auto sb = bus.subscribe(quiet, [&](const uint64_t& v) { b.take(v); });
+  auto sw = bus.subscribe(wide, [&](const Wide& m) {
+    w.push_back(m.seq);
+    for (uint64_t p : m.pad) wide_intact &= p == m.seq * 3;
+  });
+  auto first = bus.publisher(numbers);
+  auto second = bus.publisher(numbers);
+  auto other = bus.publisher(quiet);
+  auto big = bus.publisher(wide);
+  uint64_t next = 1, next_quiet = 1, next_wide = 1;
+  for (uint64_t r = 0; r < kRounds; ++r) {
+    bus::Batch batch(bus);
+    for (uint64_t i = 0; i < kPerRound; ++i) {
+      // Runs of 1 to 7 messages through one way, then another (by the round and the position).
+      const uint64_t way = ((i / (1 + (r + i / 50) % 7)) + r) % 5;
+      if (way == 0) {
+        ASSERT_TRUE(first.publish(next++).ok());
+      } else if (way == 1) {
+        ASSERT_TRUE(second.publish(next++).ok());
+      } else if (way == 2) {
+        ASSERT_TRUE(bus.publish(numbers, next++).ok());
+      } else if (way == 3) {
+        ASSERT_TRUE(other.publish(next_quiet++).ok());
+      } else {
+        Wide m;
+        m.seq = next_wide++;
+        for (uint64_t& p : m.pad) p = m.seq * 3;
+        ASSERT_TRUE(big.publish(m).ok());
+      }
+    }
+  }
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(a.values, one_to(next - 1));
+  EXPECT_EQ(b.values, one_to(next_quiet - 1));
+  EXPECT_EQ(w, one_to(next_wide - 1));
+  EXPECT_TRUE(wide_intact);
+  EXPECT_EQ(next - 1 + next_quiet - 1 + next_wide - 1, kRounds * kPerRound);
+  EXPECT_EQ(published(bus, "publisher_test.numbers"), next - 1);
+  EXPECT_EQ(published(bus, "publisher_test.quiet"), next_quiet - 1);
+  EXPECT_EQ(published(bus, "publisher_test.wide"), next_wide - 1);
+  EXPECT_EQ(bus.stats().channel("publisher_test.numbers")->delivered, next - 1);
+}
+
+TEST(Publisher, AHandleMovedOrDestroyedInsideABatchGivesItsRunBack) {
+  // The run a handle holds goes back to its ring when the handle is moved from or destroyed:
+  // what is published after (through the new handle, another, or Bus::publish()) follows it in
+  // the same run, and everything arrives once, in order, counted.
+  Seen a;
+  bus::Bus bus(bus::Options().executors(1));
+  auto sub = bus.subscribe(numbers, [&](const uint64_t& v) { a.take(v); });
+  uint64_t next = 1;
+  for (int round = 0; round < 50; ++round) {
+    bus::Batch batch(bus);
+    std::optional<bus::Publisher<uint64_t>> held;
+    {
+      auto pub = bus.publisher(numbers);
+      for (int i = 0; i < 10 + round; ++i) ASSERT_TRUE(pub.publish(next++).ok());
+      held.emplace(std::move(pub));  // moved from mid-run
+      ASSERT_TRUE(held->publish(next++).ok());
+      auto again = bus.publisher(numbers);
+      ASSERT_TRUE(again.publish(next++).ok());
+      for (int i = 0; i < round; ++i) ASSERT_TRUE(held->publish(next++).ok());
+      bus::Publisher<uint64_t> assigned = bus.publisher(numbers);
+      ASSERT_TRUE(assigned.publish(next++).ok());
+      assigned = std::move(*held);  // gives its own run back, takes none
+      ASSERT_TRUE(assigned.publish(next++).ok());
+      ASSERT_TRUE(assigned.publish(next++).ok());
+    }  // destroyed holding a run
+    ASSERT_TRUE(bus.publish(numbers, next++).ok());
+    held.reset();
+    auto last = bus.publisher(numbers);
+    for (int i = 0; i < 300; ++i) ASSERT_TRUE(last.publish(next++).ok());  // past a run's 256
+  }
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(a.values, one_to(next - 1));
+  EXPECT_EQ(published(bus, "publisher_test.numbers"), next - 1);
+}
+
+TEST(Publisher, InABatchAFullRingUnderTheFailPolicyFailsAndLosesNothingItAccepted) {
+  // A handle's run ends where the ring has no room known: the publish after it looks again,
+  // and fails once the ring is full. What it accepted is all delivered, in order.
+  bus::Bus bus(bus::Options().executors(1).ring_bytes(4096));
+  bus_test::Gate gate;
+  std::vector<uint64_t> got;
+  auto sub = bus.subscribe(
+      failing,
+      [&](const uint64_t& v) {
+        gate.wait();
+        got.push_back(v);
+      },
+      bus::on_executor(0));
+  auto pub = bus.publisher(failing);
+  std::vector<uint64_t> accepted;
+  uint64_t refused = 0;
+  for (uint64_t round = 0; round < 4; ++round) {
+    bus::Batch batch(bus);
+    for (uint64_t i = 1; i <= 1'000; ++i) {
+      const uint64_t v = round * 1'000 + i;
+      absl::Status s = pub.publish(v);
+      if (s.ok()) {
+        accepted.push_back(v);
+      } else {
+        EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+        ++refused;
+      }
+    }
+  }
+  gate.open();
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_GT(refused, 0u);
+  EXPECT_EQ(got, accepted);
+  const bus::Stats stats = bus.stats();
+  const bus::ChannelStats* c = stats.channel("publisher_test.failing");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->published, accepted.size());
+  EXPECT_EQ(c->failed, refused);
 }
 
 TEST(Publisher, SeesSubscribersComeAndGo) {

@@ -251,8 +251,10 @@ class Bus {
   template <class F>
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
   /// publish() and Publisher::publish(): enters (a plain thread outside a Batch), tries `route`
-  /// when `routed`, else or when that fails calls `slow(msg)`, and leaves.
-  template <class T, class U, class Slow>
+  /// when `routed`, else or when that fails calls `slow(msg)`, and leaves. Without
+  /// `kRouteBatched`, a Batch or an executor goes to `slow` at once (a Publisher's, which leases
+  /// the run).
+  template <class T, bool kRouteBatched = true, class U, class Slow>
   [[gnu::always_inline]] static inline absl::Status publish_gated(
       detail::Core& c, detail::Producer& p, bool routed, const detail::Producer::Route& route,
       U&& msg, Slow&& slow);
@@ -362,13 +364,17 @@ class Batch {
 /// results and overflow policy, without the lookups Bus::publish() makes on every call (this
 /// thread's producer, then its route for the topic). For a loop that publishes many messages to
 /// one topic. Inside a Batch, or on an executor, messages to a topic whose subscribers are on one
-/// inbox join one run record: the handle then costs little more than a store into the ring.
+/// inbox join one run record, and the handle holds that run's cursor itself (detail::RunLease)
+/// until the run closes: publish() then costs a look at the topic's subscribers and a store
+/// into the ring.
 ///
 /// Made by Bus::publisher() on the thread that publishes with it, and used on that thread only,
 /// while its Bus exists (a debug build asserts both); it may be destroyed anywhere, before or
-/// after the Bus. It does not keep the bus alive (so a handler or a service may hold one): once
-/// the bus has stopped, publish() returns Unavailable as Bus::publish() does. Subscribers that
-/// come and go are seen at the next publish(), as with Bus::publish().
+/// after the Bus (a run it holds is given back to its ring when it is destroyed or moved from, on
+/// its thread, inside the Batch or executor pass that opened it). It does not keep the bus alive
+/// (so a handler or a service may hold one): once the bus has stopped, publish() returns
+/// Unavailable as Bus::publish() does. Subscribers that come and go are seen at the next publish(),
+/// as with Bus::publish().
 template <class T>
 class Publisher {
  public:
@@ -394,12 +400,16 @@ class Publisher {
     route_.list = &detail::kUnresolvedRoute;  // no target list: the first publish() resolves
   }
 
-  /// publish() when the route does not take the message, out of line, in three argument
-  /// registers (the result, this, the message). Called inline, the six-argument
+  /// publish() when the lease does not take the message (none held, spent, or the topic's
+  /// subscribers changed): the first publish() of a Batch or an executor pass, one per run
+  /// after, and every one of a plain thread whose route does not take it. Out of line, in three
+  /// argument registers (the result, this, the message). Called inline, the six-argument
   /// Bus::publish_resolving() took a seventh on the stack: the caller kept a frame pointer for it,
   /// and a loop of publish() calls spilled its own counter to memory (docs/core.md).
   template <class U>
   [[gnu::noinline]] absl::Status publish_slow(U&& msg);
+  /// Words of one message in a run.
+  static constexpr uint32_t kPayloadWords = detail::Payload<T>::kWords - 1;
 
   detail::Core* core_;  // not owned: a handler holding a Publisher must not keep its bus alive
   detail::Producer* producer_;
@@ -408,6 +418,9 @@ class Publisher {
 #endif
   Topic<T> topic_;
   detail::TopicState<T>* state_;
+  // The open run this handle appends to, taken from its ring while `route_` holds (as long as
+  // the topic's subscribers are those of route_.list).
+  detail::RunLease lease_;
   detail::Producer::Route route_;
 };
 
@@ -685,18 +698,46 @@ template <MessageOf<T> U>
 absl::Status Publisher<T>::publish(U&& msg) {
   assert(!alive_.expired() && "a Publisher is used while its Bus exists");
   assert(&core_->producer() == producer_ && "a Publisher publishes on the thread that made it");
+  // The run this handle holds, while the topic's subscribers are those it was taken for. No look
+  // at the gate: a lease is taken inside a Batch or an executor's pass only, and their flush
+  // closes the run, which empties it, before anything else can be published on this thread.
+  if (lease_.has_room(kPayloadWords) && state_->targets.load() == route_.list) [[likely]] {
+    assert(producer_->gate == detail::Producer::kBatchGate);
+    // As Ring::extend_at() does: the lines ahead are asked for before the stores reach them.
+    detail::prefetch_for_write<detail::Ring::kPrefetchWords * 8>(lease_.at);
+    detail::Payload<T>::construct(lease_.at, std::forward<U>(msg));
+    lease_.at += kPayloadWords;
+    return absl::OkStatus();
+  }
   detail::Producer& p = *producer_;
-  return Bus::publish_gated<T>(*core_, p, true, route_, std::forward<U>(msg),
-                               [&]<class M>(M&& m) { return publish_slow(std::forward<M>(m)); });
+  return Bus::publish_gated<T, false>(
+      *core_, p, true, route_, std::forward<U>(msg),
+      [&]<class M>(M&& m) { return publish_slow(std::forward<M>(m)); });
 }
 
 template <class T>
 template <class U>
 absl::Status Publisher<T>::publish_slow(U&& msg) {
-  return Bus::publish_resolving(*core_, *producer_, *state_, topic_, route_, std::forward<U>(msg));
+  // A spent lease goes back (its run closes when the next one opens), and so does one whose
+  // route no longer holds: the message goes where the topic's subscribers are now.
+  lease_.give_back();
+  detail::Producer& p = *producer_;
+  if (p.gate != detail::Producer::kBatchGate)  // a plain thread, or an executor past its loop
+    return Bus::publish_resolving(*core_, p, *state_, topic_, route_, std::forward<U>(msg));
+  if (!Bus::publish_routed<T>(p, detail::Producer::kBatchGate, route_, std::forward<U>(msg))) {
+    // (`msg` is untouched: publish_routed() builds nothing when it returns false.)
+    absl::Status st =
+        Bus::publish_resolving(*core_, p, *state_, topic_, route_, std::forward<U>(msg));
+    if (!st.ok()) return st;
+  }
+  // The message joined or opened a run of the route's target (or the route did not hold, and
+  // the lease is not taken): the next ones go through the lease.
+  if (state_->targets.load() == route_.list)
+    route_.ring->lease_run(reinterpret_cast<uint64_t>(route_.target), lease_);
+  return absl::OkStatus();
 }
 
-template <class T, class U, class Slow>
+template <class T, bool kRouteBatched, class U, class Slow>
 absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool routed,
                                 const detail::Producer::Route& route, U&& msg, Slow&& slow) {
   // The slow path gets a small message by value: the caller's variable's address never leaves
@@ -714,12 +755,19 @@ absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool route
   // Inside a Batch (entered when it began) or on an executor running its loop: the records are
   // published at the Batch's end or the executor's flush. An executor whose loop ended looks at
   // whether the bus has stopped (see Producer::Gate).
-  if (gate == Gate::kBatchGate || (gate == Gate::kExecutorGate && c.enter(p, gate))) {
-    if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg)))
-      return absl::OkStatus();
-    return call_slow();
+  if constexpr (kRouteBatched) {
+    if (gate == Gate::kBatchGate || (gate == Gate::kExecutorGate && c.enter(p, gate))) {
+      if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg)))
+        return absl::OkStatus();
+      return call_slow();
+    }
+    if (gate == Gate::kExecutorGate) return detail::Core::stopped_status();
+  } else if (gate != Gate::kPlainGate) [[unlikely]] {
+    // (A Publisher's: inside a Batch or an executor's loop its lease took the message, unless
+    // this is the first of a run. The plain gate's look comes first: one branch, not two.)
+    if (gate == Gate::kBatchGate || c.enter(p, gate)) return call_slow();
+    return detail::Core::stopped_status();
   }
-  if (gate == Gate::kExecutorGate) return detail::Core::stopped_status();
   // A plain thread: enter (stop() waits for it), publish the record, wake, leave.
   constexpr Gate g = Gate::kPlainGate;
   if (!c.enter(p, g)) [[unlikely]]

@@ -15,8 +15,34 @@
 namespace bus::detail {
 
 class Inbox;
+class Ring;
 
 inline constexpr std::size_t kCacheLine = 64;
+
+/// The cursor of a ring's open run, held by a Publisher instead of the ring (Ring::lease_run()):
+/// a publish() then appends to the run through the Publisher's own fields, with no look at the
+/// ring. The ring takes the cursor back when the run closes (whoever closes it), which empties
+/// the lease, or when the holder gives it back: when moved from, destroyed, or before a publish
+/// the lease cannot take. Producer thread only, like the ring's producer side.
+class RunLease {
+ public:
+  RunLease() = default;
+  RunLease(RunLease&& o) noexcept { o.give_back(); }
+  RunLease& operator=(RunLease&& o) noexcept {
+    give_back();
+    o.give_back();
+    return *this;
+  }
+  ~RunLease() { give_back(); }
+
+  /// Whether `words` more fit (false when nothing is leased: both ends are null).
+  bool has_room(uint32_t words) const { return static_cast<std::size_t>(end - at) >= words; }
+  inline void give_back();
+
+  uint64_t* at = nullptr;   // where the run's next payload goes
+  uint64_t* end = nullptr;  // where the run must end
+  Ring* ring = nullptr;     // whose run it is (null: none)
+};
 
 /// One producing thread -> one inbox. A record is `[header word][payload words...]` (see
 /// record.hpp); a wrap marker (kWrapMarker) marks the rest of the buffer as skipped so that a
@@ -206,6 +232,27 @@ class Ring {
   void extended_by(std::size_t payloads, uint32_t payload_words) {
     run_at_ += payloads * payload_words;
   }
+  /// Hands the open run of `header`'s target to `lease`: its cursor and end move there, and the
+  /// ring's own cursor shows no room (extend_at() and extend_room() fail, so every other send
+  /// closes the run first) until the run closes or the lease is given back. False when no run of
+  /// that target is open or another lease holds it.
+  bool lease_run(uint64_t header, RunLease& lease) {
+    if (run_header_ != header || lease_ != nullptr) return false;
+    assert(lease.ring == nullptr);
+    lease.at = run_at_;
+    lease.end = run_end_;
+    lease.ring = this;
+    run_end_ = run_at_;
+    lease_ = &lease;
+    return true;
+  }
+  /// The run goes on through the ring's own cursor from where `lease` left it.
+  void return_lease(RunLease& lease) {
+    assert(lease_ == &lease && run_header_ != 0);
+    run_at_ = lease.at;
+    run_end_ = lease.end;
+    end_lease();
+  }
   /// Moves the write position past the open run's payloads, writes their count into its header
   /// (they lie from the run's first payload to write_ then) and counts them.
   [[gnu::always_inline]] void close_run() {
@@ -350,9 +397,21 @@ class Ring {
   uint64_t* run_end_ = nullptr;
   uint64_t run_words_ = 1;
   std::atomic<uint64_t>* run_counter_ = nullptr;
+  RunLease* lease_ = nullptr;  // who holds the open run's cursor, if anyone (lease_run())
+
+  void end_lease() {
+    lease_->at = nullptr;
+    lease_->end = nullptr;
+    lease_->ring = nullptr;
+    lease_ = nullptr;
+  }
 
   /// close_run() when a run is open.
   [[gnu::noinline]] void close_open_run() {
+    if (lease_ != nullptr) {  // the cursor is the lease's
+      run_at_ = lease_->at;
+      end_lease();
+    }
     const uint64_t start = write_ - run_words_;  // the first payload (write_ is past it)
     write_ += static_cast<uint64_t>(run_at_ - (buf_ + (write_ & mask_)));  // as in commit_run()
     uint64_t payloads = (write_ - start) / run_words_;
@@ -407,5 +466,9 @@ class Ring {
   alignas(kCacheLine) uint64_t read_ = 0;
   uint64_t released_ = 0;
 };
+
+inline void RunLease::give_back() {
+  if (ring != nullptr) ring->return_lease(*this);
+}
 
 }  // namespace bus::detail
