@@ -14,6 +14,9 @@
 //   pub        `bus` through a bus::Publisher made once (Publisher::publish per message)
 //   pubbatch   `busbatch` through a bus::Publisher
 //   busbulk    one publish_bulk() of the round to a subscribe_bulk() handler, then drain()
+//   busalt     `busbatch` to two topics in turn, both subscribed on the inbox: every message
+//              closes the other topic's run and opens one of its own
+//   pubalt     `busalt` through two bus::Publishers (one per topic)
 //   rtt        request/reply round trips on one executor that serves the endpoint too: each
 //              reply's callback makes the next request (both sides of a round trip counted)
 // Each consumer checks the count and the sum; a mismatch exits with status 1.
@@ -28,6 +31,10 @@
 #include <string>
 
 #include "plain_ring.hpp"
+
+namespace bench {
+int alternate_case(uint64_t n, bool handles);  // instructions_alternate.cpp
+}
 
 namespace {
 
@@ -143,7 +150,8 @@ int rtt_case(uint64_t n) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s ring64|ring1|bus|busbatch|pub|pubbatch|busbulk|rtt N\n",
+    std::fprintf(stderr,
+                 "usage: %s ring64|ring1|bus|busbatch|pub|pubbatch|busbulk|busalt|pubalt|rtt N\n",
                  argv[0]);
     return 2;
   }
@@ -156,6 +164,8 @@ int main(int argc, char** argv) {
   if (c == "pub") return bus_case<true>(n, false);
   if (c == "pubbatch") return bus_case<true>(n, true);
   if (c == "busbulk") return bulk_case(n);
+  if (c == "busalt") return bench::alternate_case(n, false);
+  if (c == "pubalt") return bench::alternate_case(n, true);
   if (c == "rtt") return rtt_case(n);
   std::fprintf(stderr, "bus_instructions: unknown case '%s'\n", c.c_str());
   return 2;

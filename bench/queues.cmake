@@ -13,7 +13,8 @@ include_guard(GLOBAL)
 
 add_executable(bus_queues ${CMAKE_CURRENT_LIST_DIR}/queues.cpp)
 # Instructions per message on one thread, counted under callgrind (bench/run_instructions.sh).
-add_executable(bus_instructions ${CMAKE_CURRENT_LIST_DIR}/instructions.cpp)
+add_executable(bus_instructions ${CMAKE_CURRENT_LIST_DIR}/instructions.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/instructions_alternate.cpp)
 foreach(_target bus_queues bus_instructions)
   target_link_libraries(${_target} PRIVATE bus::bus)
   set_target_properties(${_target} PROPERTIES

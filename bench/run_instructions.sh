@@ -43,6 +43,8 @@ out=${OUT:-bench/results/instructions-$(date +%F)-$(git rev-parse --short HEAD 2
   pub=$(per_message pub)
   pubbatch=$(per_message pubbatch)
   busbulk=$(per_message busbulk)
+  busalt=$(per_message busalt)
+  pubalt=$(per_message pubalt)
   rtt=$(per_message rtt)
   printf '%-52s %10s %10s\n' "case (8-byte messages, 64 per round)" "instr/msg" "x ring"
   printf '%-52s %10s %10s\n' "plain ring, tail per 64" "$ring64" "1.00"
@@ -58,6 +60,9 @@ out=${OUT:-bench/results/instructions-$(date +%F)-$(git rev-parse --short HEAD 2
   printf '%-52s %10s %10s\n' "bus publish_bulk -> subscribe_bulk (vs tail per 64)" "$busbulk" \
     "$(echo "scale=2; $busbulk / $ring64" | bc)"
   echo "target (issue 3): at most 2x the plain ring's"
+  printf '%-52s %10s\n' "bus publish in a Batch, two topics in turn" "$busalt"
+  printf '%-52s %10s\n' "bus Publishers in a Batch, two topics in turn" "$pubalt"
+  echo "(one inbox subscribes to both: each message closes the other's run; no peer, a regression figure)"
   echo
   printf '%-52s %10s\n' "request/reply round trip, both sides on one executor" "$rtt"
   echo "(instructions per round trip: request, handler, reply and callback; no peer, a regression figure)"

@@ -251,21 +251,23 @@ class Bus {
   template <class F>
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
   /// publish() and Publisher::publish(): enters (a plain thread outside a Batch), tries `route`
-  /// when `routed`, else or when that fails calls `slow(msg)`, and leaves. Without
-  /// `kRouteBatched`, a Batch or an executor goes to `slow` at once (a Publisher's, which leases
-  /// the run).
-  template <class T, bool kRouteBatched = true, class U, class Slow>
+  /// when `routed`, else or when that fails calls `slow(msg)`, and leaves. With `kLease` (a
+  /// Publisher's), a message that joins a run in a Batch or an executor's loop takes the run
+  /// into `lease` (Bus::publish_routed).
+  template <class T, bool kLease = false, class U, class Slow>
   [[gnu::always_inline]] static inline absl::Status publish_gated(
       detail::Core& c, detail::Producer& p, bool routed, const detail::Producer::Route& route,
-      U&& msg, Slow&& slow);
+      U&& msg, Slow&& slow, detail::RunLease* lease = nullptr);
   /// publish() through `route` (this thread's route for the topic, or a Publisher's) while it
   /// still holds: true when the message went into the ring (`msg` is untouched otherwise). Only
-  /// whether `g` is the plain gate matters: a Batch and an executor commit alike.
+  /// whether `g` is the plain gate matters: a Batch and an executor commit alike. Given a
+  /// `lease` (a Publisher's), a message that joins an open run takes that run into it.
   template <class T, class U>
   [[gnu::always_inline]] static inline bool publish_routed(detail::Producer& p,
                                                            detail::Producer::Gate g,
                                                            const detail::Producer::Route& route,
-                                                           U&& msg);
+                                                           U&& msg,
+                                                           detail::RunLease* lease = nullptr);
   /// publish() when `route` does not hold (this thread has no route for the topic yet, or its
   /// subscribers changed) or the ring is full (the overflow policy). Sets `route` again when
   /// the topic's subscribers are on one inbox.
@@ -400,9 +402,8 @@ class Publisher {
     route_.list = &detail::kUnresolvedRoute;  // no target list: the first publish() resolves
   }
 
-  /// publish() when the lease does not take the message (none held, spent, or the topic's
-  /// subscribers changed): the first publish() of a Batch or an executor pass, one per run
-  /// after, and every one of a plain thread whose route does not take it. Out of line, in three
+  /// publish() when neither the lease nor the route takes the message (the topic's subscribers
+  /// changed, or the ring is full), and after an executor's loop ended. Out of line, in three
   /// argument registers (the result, this, the message). Called inline, the six-argument
   /// Bus::publish_resolving() took a seventh on the stack: the caller kept a frame pointer for it,
   /// and a loop of publish() calls spilled its own counter to memory (docs/core.md).
@@ -710,36 +711,24 @@ absl::Status Publisher<T>::publish(U&& msg) {
     return absl::OkStatus();
   }
   detail::Producer& p = *producer_;
-  return Bus::publish_gated<T, false>(
+  return Bus::publish_gated<T, true>(
       *core_, p, true, route_, std::forward<U>(msg),
-      [&]<class M>(M&& m) { return publish_slow(std::forward<M>(m)); });
+      [&]<class M>(M&& m) { return publish_slow(std::forward<M>(m)); }, &lease_);
 }
 
 template <class T>
 template <class U>
 absl::Status Publisher<T>::publish_slow(U&& msg) {
-  // A spent lease goes back (its run closes when the next one opens), and so does one whose
-  // route no longer holds: the message goes where the topic's subscribers are now.
+  // A lease whose route no longer holds goes back (the message goes where the topic's
+  // subscribers are now), and so does one left on a ring that had no room.
   lease_.give_back();
-  detail::Producer& p = *producer_;
-  if (p.gate != detail::Producer::kBatchGate)  // a plain thread, or an executor past its loop
-    return Bus::publish_resolving(*core_, p, *state_, topic_, route_, std::forward<U>(msg));
-  if (!Bus::publish_routed<T>(p, detail::Producer::kBatchGate, route_, std::forward<U>(msg))) {
-    // (`msg` is untouched: publish_routed() builds nothing when it returns false.)
-    absl::Status st =
-        Bus::publish_resolving(*core_, p, *state_, topic_, route_, std::forward<U>(msg));
-    if (!st.ok()) return st;
-  }
-  // The message joined or opened a run of the route's target (or the route did not hold, and
-  // the lease is not taken): the next ones go through the lease.
-  if (state_->targets.load() == route_.list)
-    route_.ring->lease_run(reinterpret_cast<uint64_t>(route_.target), lease_);
-  return absl::OkStatus();
+  return Bus::publish_resolving(*core_, *producer_, *state_, topic_, route_, std::forward<U>(msg));
 }
 
-template <class T, bool kRouteBatched, class U, class Slow>
+template <class T, bool kLease, class U, class Slow>
 absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool routed,
-                                const detail::Producer::Route& route, U&& msg, Slow&& slow) {
+                                const detail::Producer::Route& route, U&& msg, Slow&& slow,
+                                detail::RunLease* lease) {
   // The slow path gets a small message by value: the caller's variable's address never leaves
   // the inline path, so it can live in a register.
   auto call_slow = [&]() -> absl::Status {
@@ -755,7 +744,7 @@ absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool route
   // Inside a Batch (entered when it began) or on an executor running its loop: the records are
   // published at the Batch's end or the executor's flush. An executor whose loop ended looks at
   // whether the bus has stopped (see Producer::Gate).
-  if constexpr (kRouteBatched) {
+  if constexpr (!kLease) {
     if (gate == Gate::kBatchGate || (gate == Gate::kExecutorGate && c.enter(p, gate))) {
       if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg)))
         return absl::OkStatus();
@@ -763,9 +752,15 @@ absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool route
     }
     if (gate == Gate::kExecutorGate) return detail::Core::stopped_status();
   } else if (gate != Gate::kPlainGate) [[unlikely]] {
-    // (A Publisher's: inside a Batch or an executor's loop its lease took the message, unless
-    // this is the first of a run. The plain gate's look comes first: one branch, not two.)
-    if (gate == Gate::kBatchGate || c.enter(p, gate)) return call_slow();
+    // A Publisher's, whose lease did not take the message: the first two of a run (the second
+    // takes the lease), or one after another send to the inbox closed the run. (The plain
+    // gate's look comes first here: one branch for it, not two.)
+    if (gate == Gate::kBatchGate) {
+      if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg), lease))
+        return absl::OkStatus();
+      return call_slow();
+    }
+    if (c.enter(p, gate)) return call_slow();  // an executor past its loop: no lease
     return detail::Core::stopped_status();
   }
   // A plain thread: enter (stop() waits for it), publish the record, wake, leave.
@@ -797,7 +792,7 @@ Publisher<T> Bus::publisher(const Topic<T>& topic) {
 
 template <class T, class U>
 bool Bus::publish_routed(detail::Producer& p, detail::Producer::Gate g,
-                         const detail::Producer::Route& route, U&& msg) {
+                         const detail::Producer::Route& route, U&& msg, detail::RunLease* lease) {
   if (static_cast<const detail::TopicState<T>*>(route.state)->targets.load() != route.list)
     return false;
   auto* t = static_cast<detail::TopicTarget<T>*>(route.target);
@@ -805,8 +800,12 @@ bool Bus::publish_routed(detail::Producer& p, detail::Producer::Gate g,
   // in this Batch (or executor pass) with a subscriber, and if the last one left since, the
   // message finds no handler, as one already in the ring does.
   if (g != detail::Producer::kPlainGate &&
-      detail::Core::extend<T>(*route.ring, t, std::forward<U>(msg)))
+      detail::Core::extend<T>(*route.ring, t, std::forward<U>(msg))) {
+    // The second message of a run takes it (the first may be the only one: a message that
+    // opens a run takes no lease, so sends to topics in turn never give one back).
+    if (lease != nullptr) route.ring->lease_run(reinterpret_cast<uint64_t>(t), *lease);
     return true;
+  }
   if (t->live.load(std::memory_order_relaxed) == 0 ||
       !detail::Core::append_record<T, true>(p, g, *route.ring, *t->inbox, t, route.published,
                                             std::forward<U>(msg)))
