@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <bus/bus.hpp>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -147,6 +148,82 @@ TEST(Delivery, RemovedQueueConsumerHandsItsMessagesToAnother) {
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_EQ(a.load() + b.load(), 20000) << "exactly once, even across the removal";
   EXPECT_EQ(bus.stats().channel("delivery_test.jobs")->unrouted, 0u);
+}
+
+}  // namespace
+
+namespace {
+
+// Two topics whose routes share a slot of a thread's route table (ids 64 apart): in a Batch and
+// on an executor, Bus::publish() holds a run of one of them (the route's lease) and must give it
+// back when the other takes the slot. Each topic keeps its order; every message arrives once
+// and is counted once.
+TEST(Delivery, TopicsSharingARouteSlotTakeRunsFromEachOtherInABatchAndOnAnExecutor) {
+  std::vector<std::unique_ptr<bus::Topic<uint64_t>>> topics;
+  for (int i = 0; i <= 64; ++i) {
+    topics.push_back(std::make_unique<bus::Topic<uint64_t>>(
+        "delivery_test.slot." + std::to_string(i), bus::Overflow::kBlock));
+  }
+  const bus::Topic<uint64_t>& a = *topics.front();
+  const bus::Topic<uint64_t>* b = nullptr;
+  for (auto& t : topics) {
+    if (t->id() != a.id() && t->id() % 64 == a.id() % 64) b = t.get();
+  }
+  ASSERT_NE(b, nullptr);
+  std::vector<uint64_t> got_a, got_b;
+  // On two inboxes: a run one topic holds is not closed by a send of the other (it would be,
+  // on one ring), so only the route giving it back stops the other topic's messages joining it.
+  bus::Bus bus(bus::Options().executors(3));
+  auto sa = bus.subscribe(
+      a, [&](const uint64_t& v) { got_a.push_back(v); }, bus::on_executor(1));
+  auto sb = bus.subscribe(
+      *b, [&](const uint64_t& v) { got_b.push_back(v); }, bus::on_executor(2));
+  uint64_t next_a = 1, next_b = 1;
+  auto burst = [&](uint64_t round) -> bool {
+    // Runs of 1 to 300 messages to one topic, then the other (past a run's 256).
+    for (uint64_t k = 0; k < 20; ++k) {
+      const uint64_t len = 1 + (round * 37 + k * 53) % 300;
+      const bool to_a = (round + k) % 2 == 0;
+      for (uint64_t i = 0; i < len; ++i) {
+        if (!(to_a ? bus.publish(a, next_a++) : bus.publish(*b, next_b++)).ok()) return false;
+      }
+    }
+    return true;
+  };
+  for (uint64_t round = 0; round < 10; ++round) {
+    bus::Batch batch(bus);
+    ASSERT_TRUE(burst(round));
+  }
+  // Where this thread's messages end and the executor's begin: each producer's order holds, not
+  // one across the two (the subscriber's inbox reads both rings).
+  const uint64_t main_a = next_a - 1, main_b = next_b - 1;
+  std::atomic<bool> executor_ok{true};
+  ASSERT_TRUE(bus.post(bus::on_executor(0),
+                       [&] {
+                         for (uint64_t round = 10; round < 20; ++round) {
+                           if (!burst(round)) executor_ok = false;
+                         }
+                       })
+                  .ok());
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_TRUE(executor_ok.load());
+  // Per producer: 1..main, then main+1..last, each in order and complete.
+  auto in_order = [](const std::vector<uint64_t>& got, uint64_t main, uint64_t last) {
+    std::vector<uint64_t> mine, executors;
+    for (uint64_t v : got) (v <= main ? mine : executors).push_back(v);
+    std::vector<uint64_t> want_mine(main), want_executors(last - main);
+    for (uint64_t i = 0; i < main; ++i) want_mine[i] = i + 1;
+    for (uint64_t i = 0; i < last - main; ++i) want_executors[i] = main + i + 1;
+    return mine == want_mine && executors == want_executors;
+  };
+  EXPECT_TRUE(in_order(got_a, main_a, next_a - 1));
+  EXPECT_TRUE(in_order(got_b, main_b, next_b - 1));
+  EXPECT_EQ(got_a.size(), next_a - 1);
+  EXPECT_EQ(got_b.size(), next_b - 1);
+  const bus::Stats stats = bus.stats();
+  EXPECT_EQ(stats.channel(a.name())->published, next_a - 1);
+  EXPECT_EQ(stats.channel(b->name())->published, next_b - 1);
+  EXPECT_EQ(stats.channel(a.name())->delivered, next_a - 1);
 }
 
 }  // namespace

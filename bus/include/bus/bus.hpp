@@ -250,24 +250,30 @@ class Bus {
   absl::Status run_on(detail::Inbox& inbox, F&& fn, bool wait);
   template <class F>
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
-  /// publish() and Publisher::publish(): enters (a plain thread outside a Batch), tries `route`
-  /// when `routed`, else or when that fails calls `slow(msg)`, and leaves. With `kLease` (a
-  /// Publisher's), a message that joins a run in a Batch or an executor's loop takes the run
-  /// into `lease` (Bus::publish_routed).
-  template <class T, bool kLease = false, class U, class Slow>
-  [[gnu::always_inline]] static inline absl::Status publish_gated(
-      detail::Core& c, detail::Producer& p, bool routed, const detail::Producer::Route& route,
-      U&& msg, Slow&& slow, detail::RunLease* lease = nullptr);
+  /// publish() and Publisher::publish() through the run `route` holds (its lease), while the
+  /// topic's subscribers are those of the route: true when the message went into the run
+  /// (`msg` is untouched otherwise). With `kChannel`, the route must also be `channel`'s (a
+  /// slot of the thread's table, which channels share).
+  template <class T, bool kChannel, class U>
+  [[gnu::always_inline]] static inline bool publish_leased(detail::Producer::Route& route,
+                                                           uint32_t channel, U&& msg);
+  /// publish() and Publisher::publish() when the lease did not take the message: enters (a
+  /// plain thread outside a Batch), tries `route` when `routed`, else or when that fails calls
+  /// `slow(msg)`, and leaves. In a Batch or an executor's loop, a message that joins an open
+  /// run takes the run into the route's lease (Bus::publish_routed).
+  template <class T, class U, class Slow>
+  [[gnu::always_inline]] static inline absl::Status publish_gated(detail::Core& c,
+                                                                  detail::Producer& p, bool routed,
+                                                                  detail::Producer::Route& route,
+                                                                  U&& msg, Slow&& slow);
   /// publish() through `route` (this thread's route for the topic, or a Publisher's) while it
   /// still holds: true when the message went into the ring (`msg` is untouched otherwise). Only
-  /// whether `g` is the plain gate matters: a Batch and an executor commit alike. Given a
-  /// `lease` (a Publisher's), a message that joins an open run takes that run into it.
+  /// whether `g` is the plain gate matters: a Batch and an executor commit alike. A message
+  /// that joins an open run takes that run into the route's lease.
   template <class T, class U>
   [[gnu::always_inline]] static inline bool publish_routed(detail::Producer& p,
                                                            detail::Producer::Gate g,
-                                                           const detail::Producer::Route& route,
-                                                           U&& msg,
-                                                           detail::RunLease* lease = nullptr);
+                                                           detail::Producer::Route& route, U&& msg);
   /// publish() when `route` does not hold (this thread has no route for the topic yet, or its
   /// subscribers changed) or the ring is full (the overflow policy). Sets `route` again when
   /// the topic's subscribers are on one inbox.
@@ -368,7 +374,8 @@ class Batch {
 /// one topic. Inside a Batch, or on an executor, messages to a topic whose subscribers are on one
 /// inbox join one run record, and the handle holds that run's cursor itself (detail::RunLease)
 /// until the run closes: publish() then costs a look at the topic's subscribers and a store
-/// into the ring.
+/// into the ring. (Bus::publish() holds runs the same way, in the thread's route for the topic,
+/// after finding the thread's producer and that route.)
 ///
 /// Made by Bus::publisher() on the thread that publishes with it, and used on that thread only,
 /// while its Bus exists (a debug build asserts both); it may be destroyed anywhere, before or
@@ -409,8 +416,6 @@ class Publisher {
   /// and a loop of publish() calls spilled its own counter to memory (docs/core.md).
   template <class U>
   [[gnu::noinline]] absl::Status publish_slow(U&& msg);
-  /// Words of one message in a run.
-  static constexpr uint32_t kPayloadWords = detail::Payload<T>::kWords - 1;
 
   detail::Core* core_;  // not owned: a handler holding a Publisher must not keep its bus alive
   detail::Producer* producer_;
@@ -419,9 +424,7 @@ class Publisher {
 #endif
   Topic<T> topic_;
   detail::TopicState<T>* state_;
-  // The open run this handle appends to, taken from its ring while `route_` holds (as long as
-  // the topic's subscribers are those of route_.list).
-  detail::RunLease lease_;
+  // Its lease is the open run this handle appends to (Bus::publish_leased()).
   detail::Producer::Route route_;
 };
 
@@ -689,6 +692,9 @@ absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
   // The common case, inline: this thread published here before, the topic's subscribers are
   // still the ones it saw, all on one inbox (so no copy to make), and the ring has room.
   detail::Producer::Route& r = p.routes[topic.id() % detail::Producer::kRoutes];
+  // Inside a Batch or an executor's loop, the run this route holds (see Publisher).
+  if (publish_leased<T, true>(r, topic.id(), std::forward<U>(msg))) [[likely]]
+    return absl::OkStatus();
   return publish_gated<T>(
       c, p, r.channel == topic.id(), r, std::forward<U>(msg),
       [&]<class M>(M&& m) { return publish_resolving(p, topic, std::forward<M>(m)); });
@@ -699,36 +705,39 @@ template <MessageOf<T> U>
 absl::Status Publisher<T>::publish(U&& msg) {
   assert(!alive_.expired() && "a Publisher is used while its Bus exists");
   assert(&core_->producer() == producer_ && "a Publisher publishes on the thread that made it");
-  // The run this handle holds, while the topic's subscribers are those it was taken for. No look
-  // at the gate: a lease is taken inside a Batch or an executor's pass only, and their flush
-  // closes the run, which empties it, before anything else can be published on this thread.
-  if (lease_.has_room(kPayloadWords) && state_->targets.load() == route_.list) [[likely]] {
-    assert(producer_->gate == detail::Producer::kBatchGate);
-    // As Ring::extend_at() does: the lines ahead are asked for before the stores reach them.
-    detail::prefetch_for_write<detail::Ring::kPrefetchWords * 8>(lease_.at);
-    detail::Payload<T>::construct(lease_.at, std::forward<U>(msg));
-    lease_.at += kPayloadWords;
+  assert(route_.lease.ring == nullptr || producer_->gate == detail::Producer::kBatchGate);
+  if (Bus::publish_leased<T, false>(route_, 0, std::forward<U>(msg))) [[likely]]
     return absl::OkStatus();
-  }
   detail::Producer& p = *producer_;
-  return Bus::publish_gated<T, true>(
-      *core_, p, true, route_, std::forward<U>(msg),
-      [&]<class M>(M&& m) { return publish_slow(std::forward<M>(m)); }, &lease_);
+  return Bus::publish_gated<T>(*core_, p, true, route_, std::forward<U>(msg),
+                               [&]<class M>(M&& m) { return publish_slow(std::forward<M>(m)); });
 }
 
 template <class T>
 template <class U>
 absl::Status Publisher<T>::publish_slow(U&& msg) {
-  // A lease whose route no longer holds goes back (the message goes where the topic's
-  // subscribers are now), and so does one left on a ring that had no room.
-  lease_.give_back();
   return Bus::publish_resolving(*core_, *producer_, *state_, topic_, route_, std::forward<U>(msg));
 }
 
-template <class T, bool kLease, class U, class Slow>
+template <class T, bool kChannel, class U>
+bool Bus::publish_leased(detail::Producer::Route& route, uint32_t channel, U&& msg) {
+  // No look at the gate: a lease is taken inside a Batch or an executor's loop only, and their
+  // flush closes the run, which empties the lease, before anything else runs on this thread.
+  constexpr uint32_t kWords = detail::Payload<T>::kWords - 1;
+  detail::RunLease& lease = route.lease;
+  if (!lease.has_room(kWords) || (kChannel && route.channel != channel) ||
+      static_cast<const detail::TopicState<T>*>(route.state)->targets.load() != route.list)
+    return false;
+  // As Ring::extend_at() does: the lines ahead are asked for before the stores reach them.
+  detail::prefetch_for_write<detail::Ring::kPrefetchWords * 8>(lease.at);
+  detail::Payload<T>::construct(lease.at, std::forward<U>(msg));
+  lease.at += kWords;
+  return true;
+}
+
+template <class T, class U, class Slow>
 absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool routed,
-                                const detail::Producer::Route& route, U&& msg, Slow&& slow,
-                                detail::RunLease* lease) {
+                                detail::Producer::Route& route, U&& msg, Slow&& slow) {
   // The slow path gets a small message by value: the caller's variable's address never leaves
   // the inline path, so it can live in a register.
   auto call_slow = [&]() -> absl::Status {
@@ -744,19 +753,12 @@ absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool route
   // Inside a Batch (entered when it began) or on an executor running its loop: the records are
   // published at the Batch's end or the executor's flush. An executor whose loop ended looks at
   // whether the bus has stopped (see Producer::Gate).
-  if constexpr (!kLease) {
-    if (gate == Gate::kBatchGate || (gate == Gate::kExecutorGate && c.enter(p, gate))) {
-      if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg)))
-        return absl::OkStatus();
-      return call_slow();
-    }
-    if (gate == Gate::kExecutorGate) return detail::Core::stopped_status();
-  } else if (gate != Gate::kPlainGate) [[unlikely]] {
-    // A Publisher's, whose lease did not take the message: the first two of a run (the second
-    // takes the lease), or one after another send to the inbox closed the run. (The plain
-    // gate's look comes first here: one branch for it, not two.)
+  if (gate != Gate::kPlainGate) [[unlikely]] {
+    // The lease did not take the message: the first two of a run (the second takes the lease),
+    // or one after another send to the inbox closed the run. (The plain gate's look comes
+    // first: one branch for it, not two.)
     if (gate == Gate::kBatchGate) {
-      if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg), lease))
+      if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg)))
         return absl::OkStatus();
       return call_slow();
     }
@@ -792,7 +794,7 @@ Publisher<T> Bus::publisher(const Topic<T>& topic) {
 
 template <class T, class U>
 bool Bus::publish_routed(detail::Producer& p, detail::Producer::Gate g,
-                         const detail::Producer::Route& route, U&& msg, detail::RunLease* lease) {
+                         detail::Producer::Route& route, U&& msg) {
   if (static_cast<const detail::TopicState<T>*>(route.state)->targets.load() != route.list)
     return false;
   auto* t = static_cast<detail::TopicTarget<T>*>(route.target);
@@ -802,8 +804,9 @@ bool Bus::publish_routed(detail::Producer& p, detail::Producer::Gate g,
   if (g != detail::Producer::kPlainGate &&
       detail::Core::extend<T>(*route.ring, t, std::forward<U>(msg))) {
     // The second message of a run takes it (the first may be the only one: a message that
-    // opens a run takes no lease, so sends to topics in turn never give one back).
-    if (lease != nullptr) route.ring->lease_run(reinterpret_cast<uint64_t>(t), *lease);
+    // opens a run takes no lease, so sends to topics in turn never give one back). The lease
+    // is the route's own, if it held one: spent, it went back as this run opened.
+    route.ring->lease_run(reinterpret_cast<uint64_t>(t), route.lease);
     return true;
   }
   if (t->live.load(std::memory_order_relaxed) == 0 ||

@@ -83,7 +83,9 @@ struct Producer {
   /// A topic this thread publishes to whose subscribers are all on one inbox, resolved once: the
   /// target list it was resolved from (a change of subscribers installs a new list, and the
   /// route no longer matches), the target, this thread's ring to its inbox and its published
-  /// counter. Direct-mapped by channel id; Bus::publish() fills and checks it.
+  /// counter. Direct-mapped by channel id; Bus::publish() fills and checks it. Inside a Batch or
+  /// an executor's pass it may hold the open run of its target (`lease`, Ring::lease_run()),
+  /// which goes back to the ring when the route is set again.
   struct alignas(64) Route {  // a power of two: the lookup is a shift
     uint32_t channel = UINT32_MAX;
     const void* state = nullptr;  // the channel's TopicState<T>
@@ -91,6 +93,7 @@ struct Producer {
     Target* target = nullptr;
     Ring* ring = nullptr;
     std::atomic<uint64_t>* published = nullptr;
+    RunLease lease;
   };
   static constexpr std::size_t kRoutes = 64;
   std::array<Route, kRoutes> routes{};
