@@ -829,7 +829,7 @@ absl::Status Bus::publish_resolving(detail::Core& c, detail::Producer& p, detail
     if (t->live.load(std::memory_order_relaxed) != 0) {
       detail::Ring& ring = p.ring_to(*t->inbox);
       auto* published = &p.counters.cell(topic.id(), detail::kPublished);
-      route = {topic.id(), &st, list, t, &ring, published};
+      route = {topic.id(), &st, list, t, &ring, published, {}};  // (gives the old lease back)
       const detail::Producer::Gate g = p.gate;
       if (detail::Core::append<T, true>(p, g, ring, *t->inbox, t, published,
                                         std::forward<U>(msg))) {
