@@ -20,6 +20,8 @@
 //   rtt        request/reply round trips on one executor that serves the endpoint too: each
 //              reply's callback makes the next request (both sides of a round trip counted)
 // Each consumer checks the count and the sum; a mismatch exits with status 1.
+#include "instructions.hpp"
+
 #include <atomic>
 #include <bus/bus.hpp>
 #include <cstdint>
@@ -32,29 +34,11 @@
 
 #include "plain_ring.hpp"
 
-namespace bench {
-int alternate_case(uint64_t n, bool handles);  // instructions_alternate.cpp
-}
-
 namespace {
 
-constexpr uint64_t kRound = 64;
+using bench::kRound;
+using bench::Sum;
 const bus::Topic<uint64_t> numbers{"bench.instructions", bus::Overflow::kBlock};
-
-struct Sum {
-  uint64_t count = 0, sum = 0;
-  void take(uint64_t v) {
-    ++count;
-    sum += v;
-  }
-  int verify(uint64_t n) const {
-    if (count == n && sum == n * (n + 1) / 2) return 0;
-    std::fprintf(stderr, "bus_instructions: received %llu (sum %llu) of %llu\n",
-                 static_cast<unsigned long long>(count), static_cast<unsigned long long>(sum),
-                 static_cast<unsigned long long>(n));
-    return 1;
-  }
-};
 
 template <uint64_t kEvery>
 int ring(uint64_t n) {

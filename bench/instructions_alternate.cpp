@@ -6,28 +6,21 @@
 #include <algorithm>
 #include <bus/bus.hpp>
 #include <cstdint>
-#include <cstdio>
+
+#include "instructions.hpp"
 
 namespace {
 
-constexpr uint64_t kRound = 64;
+using bench::kRound;
 const bus::Topic<uint64_t> numbers{"bench.instructions.alternate.numbers", bus::Overflow::kBlock};
 const bus::Topic<uint64_t> others{"bench.instructions.alternate.others", bus::Overflow::kBlock};
-
-struct Sum {
-  uint64_t count = 0, sum = 0;
-  void take(uint64_t v) {
-    ++count;
-    sum += v;
-  }
-};
 
 template <bool kHandle>
 int alternate(uint64_t n) {
   bus::Bus b(bus::Options().executors(1));
   bus::ExternalInbox inbox(b);
   inbox.bind_to_this_thread();
-  Sum s;
+  bench::Sum s;
   auto sub = inbox.subscribe(numbers, [&](const uint64_t& v) { s.take(v); });
   auto sub2 = inbox.subscribe(others, [&](const uint64_t& v) { s.take(v); });
   auto pub = b.publisher(numbers);
@@ -48,11 +41,7 @@ int alternate(uint64_t n) {
     inbox.drain_awake();
   }
   inbox.drain();
-  if (s.count == n && s.sum == n * (n + 1) / 2) return 0;
-  std::fprintf(stderr, "bus_instructions: received %llu (sum %llu) of %llu\n",
-               static_cast<unsigned long long>(s.count), static_cast<unsigned long long>(s.sum),
-               static_cast<unsigned long long>(n));
-  return 1;
+  return s.verify(n);
 }
 
 }  // namespace
