@@ -705,7 +705,7 @@ template <MessageOf<T> U>
 absl::Status Publisher<T>::publish(U&& msg) {
   assert(!alive_.expired() && "a Publisher is used while its Bus exists");
   assert(&core_->producer() == producer_ && "a Publisher publishes on the thread that made it");
-  assert(route_.lease.ring == nullptr || producer_->gate == detail::Producer::kBatchGate);
+  assert(!route_.lease.held() || producer_->gate == detail::Producer::kBatchGate);
   if (Bus::publish_leased<T, false>(route_, 0, std::forward<U>(msg))) [[likely]]
     return absl::OkStatus();
   detail::Producer& p = *producer_;
@@ -829,7 +829,7 @@ absl::Status Bus::publish_resolving(detail::Core& c, detail::Producer& p, detail
     if (t->live.load(std::memory_order_relaxed) != 0) {
       detail::Ring& ring = p.ring_to(*t->inbox);
       auto* published = &p.counters.cell(topic.id(), detail::kPublished);
-      route = {topic.id(), &st, list, t, &ring, published, {}};  // (gives the old lease back)
+      route.set(topic.id(), &st, list, t, &ring, published);  // (gives the old lease back)
       const detail::Producer::Gate g = p.gate;
       if (detail::Core::append<T, true>(p, g, ring, *t->inbox, t, published,
                                         std::forward<U>(msg))) {

@@ -84,9 +84,10 @@ struct Producer {
   /// target list it was resolved from (a change of subscribers installs a new list, and the
   /// route no longer matches), the target, this thread's ring to its inbox and its published
   /// counter. Direct-mapped by channel id; Bus::publish() fills and checks it. Inside a Batch or
-  /// an executor's pass it may hold the open run of its target (`lease`, Ring::lease_run()),
-  /// which goes back to the ring when the route is set again.
-  struct alignas(64) Route {  // a power of two: the lookup is a shift
+  /// an executor's pass it may hold the open run of its target in `ring` (`lease`,
+  /// Ring::lease_run()), which goes back to that ring when the route is set again, moved from
+  /// or destroyed.
+  struct alignas(64) Route {  // one line: the lookup is a shift
     uint32_t channel = UINT32_MAX;
     const void* state = nullptr;  // the channel's TopicState<T>
     const void* list = nullptr;
@@ -94,7 +95,31 @@ struct Producer {
     Ring* ring = nullptr;
     std::atomic<uint64_t>* published = nullptr;
     RunLease lease;
+
+    Route() = default;
+    Route(Route&& o) noexcept { *this = std::move(o); }
+    Route& operator=(Route&& o) noexcept {
+      o.give_back();
+      set(o.channel, o.state, o.list, o.target, o.ring, o.published);
+      return *this;
+    }
+    ~Route() { give_back(); }
+    /// Routes to `t` through `r` from now on; a lease held goes back first.
+    void set(uint32_t ch, const void* st, const void* l, Target* t, Ring* r,
+             std::atomic<uint64_t>* counter) {
+      give_back();
+      channel = ch;
+      state = st;
+      list = l;
+      target = t;
+      ring = r;
+      published = counter;
+    }
+    void give_back() {
+      if (lease.held()) ring->return_lease(lease);
+    }
   };
+  static_assert(sizeof(Route) == 64);
   static constexpr std::size_t kRoutes = 64;
   std::array<Route, kRoutes> routes{};
 

@@ -15,33 +15,22 @@
 namespace bus::detail {
 
 class Inbox;
-class Ring;
 
 inline constexpr std::size_t kCacheLine = 64;
 
-/// The cursor of a ring's open run, held by a Publisher instead of the ring (Ring::lease_run()):
-/// a publish() then appends to the run through the Publisher's own fields, with no look at the
-/// ring. The ring takes the cursor back when the run closes (whoever closes it), which empties
-/// the lease, or when the holder gives it back: when moved from, destroyed, or before a publish
-/// the lease cannot take. Producer thread only, like the ring's producer side.
-class RunLease {
- public:
-  RunLease() = default;
-  RunLease(RunLease&& o) noexcept { o.give_back(); }
-  RunLease& operator=(RunLease&& o) noexcept {
-    give_back();
-    o.give_back();
-    return *this;
-  }
-  ~RunLease() { give_back(); }
-
+/// The cursor of a ring's open run, held by a route instead of the ring (Ring::lease_run()): a
+/// publish() then appends to the run through the route's own fields, with no look at the ring.
+/// The ring takes the cursor back when the run closes (whoever closes it), which empties the
+/// lease; its holder gives it back to the ring it took it from (Ring::return_lease()) when the
+/// holder is set again, moved from or destroyed (Producer::Route). Producer thread only, like
+/// the ring's producer side.
+struct RunLease {
   /// Whether `words` more fit (false when nothing is leased: both ends are null).
   bool has_room(uint32_t words) const { return static_cast<std::size_t>(end - at) >= words; }
-  inline void give_back();
+  bool held() const { return at != nullptr; }
 
-  uint64_t* at = nullptr;   // where the run's next payload goes
+  uint64_t* at = nullptr;   // where the run's next payload goes (null: nothing leased)
   uint64_t* end = nullptr;  // where the run must end
-  Ring* ring = nullptr;     // whose run it is (null: none)
 };
 
 /// One producing thread -> one inbox. A record is `[header word][payload words...]` (see
@@ -238,10 +227,9 @@ class Ring {
   /// that target is open or another lease holds it.
   bool lease_run(uint64_t header, RunLease& lease) {
     if (run_header_ != header || lease_ != nullptr) return false;
-    assert(lease.ring == nullptr);
+    assert(!lease.held());
     lease.at = run_at_;
     lease.end = run_end_;
-    lease.ring = this;
     run_end_ = run_at_;
     lease_ = &lease;
     return true;
@@ -400,9 +388,7 @@ class Ring {
   RunLease* lease_ = nullptr;  // who holds the open run's cursor, if anyone (lease_run())
 
   void end_lease() {
-    lease_->at = nullptr;
-    lease_->end = nullptr;
-    lease_->ring = nullptr;
+    *lease_ = RunLease{};
     lease_ = nullptr;
   }
 
@@ -466,9 +452,5 @@ class Ring {
   alignas(kCacheLine) uint64_t read_ = 0;
   uint64_t released_ = 0;
 };
-
-inline void RunLease::give_back() {
-  if (ring != nullptr) ring->return_lease(*this);
-}
 
 }  // namespace bus::detail
