@@ -742,7 +742,7 @@ absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool route
   // the inline path, so it can live in a register. (Inlined itself: GCC otherwise makes this
   // lambda a function taking the variable's address, which keeps a loop's counter in memory,
   // stored and loaded again around every publish.)
-  auto call_slow = [&]() __attribute__((always_inline)) -> absl::Status {
+  auto call_slow = [&]() __attribute__((always_inline)) {
     if constexpr (std::is_trivially_copyable_v<T> && sizeof(T) <= 16) {
       T copy = msg;
       return slow(std::move(copy));
