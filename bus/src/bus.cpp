@@ -53,8 +53,8 @@ void Bus::cancel(TimerId timer) {
     if (timer.inbox >= core_->inboxes.size()) return;
     in = core_->inboxes[timer.inbox].get();
   }
-  (void)run_on(
-      *in, [in, id = timer.id] { in->cancel_timer(id); }, /*wait=*/true);
+  (void)core_->cancel_on(
+      *in, [in, id = timer.id] { in->cancel_timer(id); }, nullptr);
 }
 
 void Bus::keep(Subscription s) {
@@ -86,31 +86,18 @@ void Bus::stop_service(detail::ServiceLife& life, unsigned executor) {
     std::lock_guard lock(life.mu);
     life.state = std::move(*holder);  // destroyed by ~Bus, once no executor runs
   };
-  detail::Inbox& in = core_->executor(executor);
-  if (current_executor() == executor) {
-    // From one of its own handlers: nothing of it runs from here on, and the state goes when
-    // the running handler has returned (the closure queues behind it).
-    life.alive.store(false, std::memory_order_relaxed);
-    for (TimerId t : periodic) cancel(t);
-    subs.clear();  // the removals are posted to this executor
-    if (!post_to(in, [holder] { holder->reset(); }).ok()) give_back();
-    return;
-  }
-  // From another thread: each cancel returns once its handler cannot run again; then the
-  // state goes on the executor, between two of its records.
+  // Each cancel returns once its handler cannot start again (from one of the service's own
+  // handlers: once the running one returns). Then nothing of it runs (`alive`), and the state
+  // goes on its executor, between two of its records: after the running handler, if called
+  // from one.
   subs.clear();
   for (TimerId t : periodic) cancel(t);
-  absl::Status s = run_on(
-      in,
-      [&life, holder] {
-        life.alive.store(false, std::memory_order_relaxed);
-        holder->reset();
-      },
-      /*wait=*/true);
-  if (!s.ok()) {
-    // The bus is stopping: its executors may still be draining, so the state stays until ~Bus.
+  if (!core_->cancel_on(
+          core_->executor(executor),
+          [&life] { life.alive.store(false, std::memory_order_relaxed); },
+          [holder] { holder->reset(); })) {
     life.alive.store(false, std::memory_order_relaxed);
-    give_back();
+    give_back();  // nothing runs on the executor any more: the state goes with the bus
   }
 }
 
@@ -126,6 +113,7 @@ Stats Bus::stats() const {
     if (f == detail::kPublished) ch[id].published += v;
     if (f == detail::kDropped) ch[id].dropped += v;
     if (f == detail::kFailed) ch[id].failed += v;
+    if (f == detail::kRepliedLate) ch[id].late_replies += v;
   };
   {
     std::lock_guard lock(c.mu);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <cstdio>
 #include <exception>
 
@@ -82,6 +83,88 @@ Producer& Core::producer_slow() {
 void Core::bind_thread(Inbox& inbox) { producer().own_inbox = &inbox; }
 
 Ring& Producer::new_ring_to(Inbox& dest) { return core.new_ring(*this, dest); }
+
+bool WaiterBase::wait_until(Clock::time_point deadline) {
+  while (true) {
+    uint32_t s = state.load(std::memory_order_acquire);  // pairs with the release in fulfil()
+    if (s == kDone) return true;
+    if (s == kWriting) {  // claimed: the result is being stored
+      futex_wait(state, kWriting, std::chrono::milliseconds(1));
+      continue;
+    }
+    auto left = deadline - Clock::now();
+    if (left > Clock::duration::zero()) {
+      futex_wait(state, kWaiting, left);
+      continue;
+    }
+    uint32_t waiting = kWaiting;
+    if (state.compare_exchange_strong(waiting, kAbandoned, std::memory_order_relaxed)) return false;
+  }
+}
+
+// ---- cancels ------------------------------------------------------------------------------------
+
+absl::Status Core::post_control(Producer& p, Inbox& dest, absl::AnyInvocable<void()> fn) {
+  using Fn = absl::AnyInvocable<void()>;
+  if (!p.executor && &dest == p.own_inbox) {
+    dest.defer(std::move(fn));  // its own ring may be full, and only this thread drains it
+    return absl::OkStatus();
+  }
+  // No look at the gate: a closure sent after stop() has seen every ring quiet is either run by
+  // an executor still in its loop or left there, which the caller learns from loop_ended().
+  return send<Fn>(p, dest, &ClosureTarget<Fn>::kTarget, Overflow::kBlock, UINT32_MAX,
+                  std::move(fn));
+}
+
+bool Core::cancel_on(Inbox& owner, absl::AnyInvocable<void()> now,
+                     absl::AnyInvocable<void()> later) {
+  Producer& p = producer();
+  if (&owner == p.own_inbox) {
+    if (p.executor && owner.loop_ended()) return false;
+    now();
+    if (later) (void)post_control(p, owner, std::move(later));
+    return true;
+  }
+  const bool external = owner.kind() == Inbox::Kind::kExternal;
+  if (external ? state() == State::kStopped : owner.loop_ended()) return false;
+  auto h = std::make_shared<Handoff>(std::move(now), p.executor ? p.own_inbox : nullptr);
+  absl::Status sent = post_control(p, owner, [h, later = std::move(later)]() mutable {
+    h->run_now();
+    if (later) later();
+    h->finish();
+  });
+  if (!sent.ok()) return false;
+  p.flush();  // an executor's or a Batch's sends are published at a flush: this one must go now
+  if (external) return true;
+  return await(p, owner, h);
+}
+
+bool Core::await(Producer& p, Inbox& owner, const std::shared_ptr<Handoff>& h) {
+  // pairs with the release store in Handoff::finish()
+  auto done = [&] { return h->done.load(std::memory_order_acquire) != 0; };
+  if (!p.executor) {
+    while (!done() && !owner.loop_ended()) {
+      // Woken by finish(); the timeout looks at loop_ended(), which wakes nobody.
+      futex_wait(h->done, 0, std::chrono::milliseconds(1));
+    }
+    return done();
+  }
+  Inbox& self = *p.own_inbox;
+  self.waiting_for.store(&owner, std::memory_order_seq_cst);
+  owner.add_handoff(h);
+  while (!done() && !owner.loop_ended()) {
+    uint32_t seen = self.wait_word().load(std::memory_order_seq_cst);
+    // What this executor owes others while it waits: records held for full rings (what the
+    // owner waits for may be among them) and the cancels of those waiting for it in a cycle.
+    if (!p.backlog.empty()) p.drain_backlog();
+    if (self.run_handoffs_in_cycles() > 0 || done()) continue;
+    futex_wait(self.wait_word(), seen,
+               p.backlog.empty() ? std::chrono::milliseconds(1) : std::chrono::microseconds(50));
+  }
+  self.waiting_for.store(nullptr, std::memory_order_seq_cst);
+  owner.remove_handoff(h.get());
+  return done();
+}
 
 Ring& Core::new_ring(Producer& p, Inbox& dest) {
   auto ring = std::make_shared<Ring>(ring_words_for(options_.ring_bytes()), &dest,
@@ -175,10 +258,12 @@ void Core::retire_producer(Producer& p) {
   }
   p.counters.for_each(
       [this](uint32_t ch, std::size_t f, uint64_t v) { retired_counts.add(ch, f, v); });
+  // Only executors hold records, and their threads end once stop() has seen none held: this
+  // is empty. (A held record names its target, not its channel: there is nothing to count.)
+  assert(p.backlog.empty());
   for (auto& h : p.backlog) {
     auto* t = reinterpret_cast<Target*>(h.record[0]);
     t->ops->destroy(h.record.get() + 1);
-    retired_counts.add(UINT32_MAX - 1, kDropped);
   }
   p.backlog.clear();
   p.backlog_rings = 0;
@@ -342,6 +427,7 @@ void Core::run_executor(Inbox& in, unsigned index) {
         [&] { return state() != s || exiting() || (!p.backlog.empty() && p.backlog_has_room()); });
   }
   p.gate = Producer::kExecutorGate;  // what the callbacks below send is refused
+  in.end_loop();                     // a cancel waiting for this executor stops waiting
   in.cancel_all_pending(absl::CancelledError("bus: stopped before the reply arrived"));
 }
 
@@ -427,6 +513,15 @@ absl::Status Core::stop() {
       state_.store(State::kDraining);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  // Nothing is in flight: a plain thread still blocked in call() has no reply to wait for.
+  {
+    std::lock_guard lock(mu);
+    for (Producer* p : producers) {
+      std::lock_guard call(p->call_mu);
+      if (p->calling)
+        p->calling->cancel(absl::CancelledError("bus: stopped before the reply arrived"));
+    }
   }
   exit_.store(true, std::memory_order_release);  // now executors leave their loops
   for (Inbox* e : executors_) e->wake();

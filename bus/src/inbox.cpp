@@ -74,6 +74,62 @@ void Inbox::wake() {
   futex_wake_all(sleeping_);
 }
 
+void Handoff::finish() {
+  done.store(1, std::memory_order_release);  // pairs with the acquire loads in Core::await()
+  if (from != nullptr) {
+    from->wake_waiter();
+  } else {
+    futex_wake_all(done);
+  }
+}
+
+void Inbox::add_handoff(std::shared_ptr<Handoff> h) {
+  {
+    std::lock_guard lock(handoffs_mu_);
+    handoffs_.push_back(std::move(h));
+  }
+  wake_waiter();  // if the owner waits, it looks for a cycle through the canceller
+}
+
+void Inbox::remove_handoff(const Handoff* h) {
+  std::lock_guard lock(handoffs_mu_);
+  std::erase_if(handoffs_, [h](const std::shared_ptr<Handoff>& x) { return x.get() == h; });
+}
+
+void Inbox::wake_waiter() {
+  wait_word_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(wait_word_);
+}
+
+bool Inbox::waits_for(const Inbox* target) const {
+  // A chain is as long as the executors at most; the bound only guards a chain that changes
+  // under the walk (a stale link is looked at again on the next wake-up).
+  const Inbox* x = waiting_for.load(std::memory_order_seq_cst);
+  for (int hops = 0; x != nullptr && hops < 4096; ++hops) {
+    if (x == target) return true;
+    x = x->waiting_for.load(std::memory_order_seq_cst);
+  }
+  return false;
+}
+
+std::size_t Inbox::run_handoffs_in_cycles() {
+  std::vector<std::shared_ptr<Handoff>> ready;
+  {
+    std::lock_guard lock(handoffs_mu_);
+    for (const auto& h : handoffs_) {
+      if (h->done.load(std::memory_order_acquire) == 0 && h->from != nullptr &&
+          waits_for(h->from)) {
+        ready.push_back(h);
+      }
+    }
+  }
+  for (const auto& h : ready) {
+    h->run_now();
+    h->finish();
+  }
+  return ready.size();
+}
+
 void Inbox::invoke(Target* t, uint64_t* payload) {
   try {
     t->invoke(t, payload, *this);
@@ -181,8 +237,16 @@ bool Inbox::timer_due() const {
   return next && reached(*next);
 }
 
+bool Inbox::see_timer(uint64_t id) {
+  if (timer_seen(id)) return false;
+  timers_seen_above_.insert(id);
+  while (timers_seen_above_.erase(timers_seen_ + 1) != 0) ++timers_seen_;
+  return true;
+}
+
 bool Inbox::add_timer(uint64_t id, Clock::time_point at, Clock::duration period, TimerFn fn,
                       bool essential) {
+  if (see_timer(id) && cancelled_unseen_.erase(id) != 0) return false;  // cancelled already
   State s = core_.state();
   if (s == State::kStopped || (s == State::kDraining && !essential)) return false;
   timers_.emplace(std::make_pair(at, id), Timer{std::move(fn), period, essential});
@@ -196,7 +260,11 @@ bool Inbox::cancel_timer(uint64_t id) {
     return true;
   }
   auto it = timer_at_.find(id);
-  if (it == timer_at_.end()) return false;
+  if (it == timer_at_.end()) {
+    if (timer_seen(id)) return false;  // fired (once) or cancelled before
+    cancelled_unseen_.insert(id);
+    return true;
+  }
   timers_.erase(std::make_pair(it->second, id));
   timer_at_.erase(it);
   return true;
@@ -337,13 +405,14 @@ std::size_t Inbox::expire_due(Clock::time_point now) {
   return n;
 }
 
-void Inbox::complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply) {
+void Inbox::complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply,
+                     bool by_handler) {
   Pending* slot = find_pending(corr);
   // A reply whose slot holds another request (same slot, later sequence) is late; so is one
   // whose channel differs (it cannot be this request's reply type). (A slot reserved but not
   // filled yet cannot have a reply: its request is being sent by this very thread.)
   if (slot == nullptr || slot->channel != channel || !slot->fn) [[unlikely]] {
-    counters.add(channel, kLateReplies);
+    if (by_handler) counters.add(channel, kLateReplies);
     return;
   }
   CompleteFn fn = take_pending(*slot);

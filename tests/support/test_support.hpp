@@ -3,6 +3,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
 #include <thread>
 
 namespace bus_test {
@@ -38,6 +43,39 @@ class Gate {
 struct OpenOnExit {
   Gate& gate;
   ~OpenOnExit() { gate.open(); }
+};
+
+/// Aborts the test program, naming `what`, if its scope is not left within `bound`: a hang
+/// (a deadlock, a wait that never ends) fails the test at once instead of stalling ctest until
+/// its timeout. The bound is generous: it catches hangs, it does not time anything.
+class Watchdog {
+ public:
+  Watchdog(std::string what, std::chrono::seconds bound)
+      : thread_([this, what = std::move(what), bound] {
+          std::unique_lock lock(mu_);
+          if (!cv_.wait_for(lock, bound, [this] { return done_; })) {
+            std::fprintf(stderr, "watchdog: %s did not finish within %lld s: it hangs\n",
+                         what.c_str(), static_cast<long long>(bound.count()));
+            std::fflush(stderr);
+            std::abort();
+          }
+        }) {}
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: it starts once the members above exist
 };
 
 }  // namespace bus_test

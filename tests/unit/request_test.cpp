@@ -16,6 +16,8 @@
 namespace {
 
 using namespace std::chrono_literals;
+using bus_test::Gate;
+using bus_test::OpenOnExit;
 
 inline const bus::Endpoint<std::string, std::string> greet{"request_test.greet"};
 inline const bus::Endpoint<int, int> slow{"request_test.slow"};
@@ -23,6 +25,9 @@ inline const bus::Endpoint<int, int> thrower{"request_test.thrower"};
 inline const bus::Endpoint<int, int> refuser{"request_test.refuser"};
 inline const bus::Endpoint<int, int> nobody{"request_test.nobody"};
 inline const bus::Topic<int> kick{"request_test.kick"};
+inline const bus::Endpoint<int, int> silent{"request_test.silent"};
+inline const bus::Endpoint<int, int> held_up{"request_test.held_up"};
+inline const bus::Topic<int> filler{"request_test.filler", bus::Overflow::kFail};
 
 TEST(Request, BlockingCallReturnsTheReply) {
   bus::Bus bus(bus::Options().executors(2));
@@ -418,6 +423,89 @@ TEST(Request, RequestsPastTheLimitOfPendingOnesAreRefusedThroughTheirCallback) {
   for (auto& [i, r] : results) {
     if (i < 3 || i == 5) EXPECT_TRUE(r.ok()) << i << ": " << r.status();
   }
+}
+
+TEST(Request, StopEndsAPendingCallWithCancelled) {
+  // The server keeps every request unanswered: only stop() can end the call before its deadline.
+  bus_test::Watchdog watchdog("a call pending across stop()", 120s);
+  std::mutex mu;
+  std::vector<bus::Replier<int>> kept;
+  std::atomic<int> received{0};
+  bus::Bus bus(bus::Options().executors(2));
+  auto server = bus.serve_async(silent, [&](int&&, bus::Replier<int> reply) {
+    std::lock_guard lock(mu);
+    kept.push_back(std::move(reply));
+    received++;
+  });
+  absl::StatusOr<int> result = absl::UnknownError("not returned");
+  std::atomic<bool> returned{false};
+  std::thread caller([&] {
+    result = bus.call(silent, 1, std::chrono::hours(1));
+    returned = true;
+  });
+  ASSERT_TRUE(bus_test::eventually([&] { return received.load() == 1; }));
+  ASSERT_TRUE(bus.stop().ok());
+  caller.join();
+  EXPECT_TRUE(returned.load());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
+  std::lock_guard lock(mu);
+  kept.clear();  // answering after the stop reaches nobody and is harmless
+}
+
+TEST(Request, ACallEndsByItsDeadlineWhenTheServersRingIsFull) {
+  // The server's executor is held, and this thread's ring to it is full: the call must not wait
+  // for room past its deadline (the gate opens only after the call has returned, or after the
+  // watchdog's bound when it hangs).
+  bus_test::Watchdog watchdog("a call waiting for ring room", 120s);
+  Gate gate;
+  std::atomic<bool> handler_ran{false};
+  bus::Bus bus(bus::Options().executors(2).ring_bytes(512));
+  auto hold = bus.subscribe(
+      filler, [&](const int&) { gate.wait(); }, bus::on_executor(0));
+  auto server = bus.serve(
+      held_up,
+      [&](int&& v) {
+        handler_ran = true;
+        return v;
+      },
+      bus::on_executor(0));
+  OpenOnExit open_on_exit{gate};
+  int accepted = 0;
+  while (bus.publish(filler, accepted).ok()) ++accepted;  // the fail policy: until it is full
+  ASSERT_GT(accepted, 0);
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<int> r = bus.call(held_up, i, 20ms);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  }
+  gate.open();
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_FALSE(handler_ran.load()) << "the requests never entered the ring";
+  const auto* c = bus.stats().channel("request_test.held_up");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->published, 3u);
+  EXPECT_EQ(c->failed, 3u) << "a request refused for want of room by its deadline is failed";
+}
+
+TEST(Request, ARequestFromAPlainThreadEndsByItsDeadlineWhenTheRingIsFull) {
+  // request() from a plain thread hands the request to an executor through this thread's ring:
+  // with that ring full, the callback still runs by the deadline.
+  bus_test::Watchdog watchdog("a request waiting for ring room", 120s);
+  Gate gate;
+  bus::Bus bus(bus::Options().executors(1).ring_bytes(512));
+  auto hold = bus.subscribe(
+      filler, [&](const int&) { gate.wait(); }, bus::on_executor(0));
+  auto server = bus.serve(
+      held_up, [](int&& v) { return v; }, bus::on_executor(0));
+  OpenOnExit open_on_exit{gate};
+  int accepted = 0;
+  while (bus.publish(filler, accepted).ok()) ++accepted;
+  std::atomic<int> code{-1};
+  bus.request(held_up, 1, 20ms,
+              [&](absl::StatusOr<int> r) { code = static_cast<int>(r.status().code()); });
+  ASSERT_TRUE(bus_test::eventually([&] { return code.load() >= 0; }));
+  EXPECT_EQ(code.load(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  gate.open();
+  ASSERT_TRUE(bus.stop().ok());
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -30,6 +32,9 @@ inline const bus::Endpoint<int, int> behind{"stats_test.behind"};
 inline const bus::Topic<int> lossy{"stats_test.lossy", bus::Overflow::kDropNewest};
 inline const bus::Topic<int> strict{"stats_test.strict", bus::Overflow::kFail};
 inline const bus::Queue<int> orphan_jobs{"stats_test.orphan_jobs"};
+inline const bus::Topic<int> strict_pair{"stats_test.strict_pair", bus::Overflow::kFail};
+inline const bus::Endpoint<int, int> async_late{"stats_test.async_late"};
+inline const bus::Endpoint<int, int> expiring{"stats_test.expiring"};
 inline const bus::Topic<int> spread{"stats_test.spread"};
 struct Token {
   std::shared_ptr<int> life;  // every copy the bus holds keeps it; all must go
@@ -249,7 +254,8 @@ TEST(Stats, DroppedMessagesAreCountedAndNotDelivered) {
   EXPECT_GT(c.dropped, 0u);
   EXPECT_EQ(c.failed, 0u);
   EXPECT_EQ(c.delivered, static_cast<uint64_t>(got.load()));
-  EXPECT_EQ(c.delivered + c.dropped, uint64_t{kN});
+  EXPECT_EQ(c.published, uint64_t{kN});
+  EXPECT_EQ(c.published, c.delivered + c.dropped);
 }
 
 TEST(Stats, RefusedMessagesAreCountedAsFailed) {
@@ -282,8 +288,9 @@ TEST(Stats, RefusedMessagesAreCountedAsFailed) {
   EXPECT_GT(refused, 0u);
   const auto& c = channel(bus.stats(), "stats_test.strict");
   EXPECT_EQ(c.failed, refused);
-  EXPECT_EQ(c.published, accepted);
+  EXPECT_EQ(c.published, uint64_t{kN}) << "every message offered, refused ones too";
   EXPECT_EQ(c.delivered, accepted);
+  EXPECT_EQ(c.published, c.delivered + c.failed);
   EXPECT_EQ(static_cast<uint64_t>(got.load()), accepted);
 }
 
@@ -292,7 +299,7 @@ TEST(Stats, SendWithoutAConsumerIsRefusedAndCounted) {
   EXPECT_EQ(bus.send(orphan_jobs, 1).code(), absl::StatusCode::kUnavailable);
   const auto& c = channel(bus.stats(), "stats_test.orphan_jobs");
   EXPECT_EQ(c.failed, 1u);
-  EXPECT_EQ(c.published, 0u);
+  EXPECT_EQ(c.published, 1u);
 }
 
 TEST(Stats, RefusedRequestsAreCountedOnce) {
@@ -306,7 +313,109 @@ TEST(Stats, RefusedRequestsAreCountedOnce) {
   EXPECT_EQ(code.get_future().get(), absl::StatusCode::kUnavailable);
   const auto& c = channel(bus.stats(), "stats_test.nobody");
   EXPECT_EQ(c.failed, 2u);
-  EXPECT_EQ(c.published, 0u);
+  EXPECT_EQ(c.published, 2u);
+}
+
+// ---- the identity: every message offered has one outcome per subscriber ----------------------
+
+TEST(Stats, EveryMessageOfferedToATopicHasOneOutcomePerSubscriber) {
+  // Two subscribers on one executor that is held, one on another that is not, under the fail
+  // policy: a refused copy to the held executor counts once for each of its two subscribers.
+  Gate gate;
+  std::atomic<int> held_calls{0}, free_calls{0};
+  bus::Bus bus(bus::Options().executors(2).ring_bytes(512));
+  auto a = bus.subscribe(
+      strict_pair,
+      [&](const int&) {
+        gate.wait();
+        held_calls++;
+      },
+      bus::on_executor(0));
+  auto b = bus.subscribe(
+      strict_pair, [&](const int&) { held_calls++; }, bus::on_executor(0));
+  auto c = bus.subscribe(
+      strict_pair, [&](const int&) { free_calls++; }, bus::on_executor(1));
+  OpenOnExit open_on_exit{gate};
+  constexpr int kN = 300;
+  int partly_refused = 0;
+  for (int i = 0; i < kN; ++i) {
+    if (!bus.publish(strict_pair, i).ok()) ++partly_refused;
+  }
+  gate.open();
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_GT(partly_refused, 0);
+  const auto& s = channel(bus.stats(), "stats_test.strict_pair");
+  EXPECT_EQ(s.published, uint64_t{kN}) << "a message some subscribers took is published";
+  EXPECT_EQ(s.delivered, static_cast<uint64_t>(held_calls.load() + free_calls.load()));
+  // Per subscriber, each message was delivered or failed. The one with room may have been
+  // refused some too (its ring is as small); each copy refused to the held executor stood for
+  // its two subscribers.
+  const uint64_t free_failed = kN - static_cast<uint64_t>(free_calls.load());
+  const uint64_t held_failed = s.failed - free_failed;
+  EXPECT_EQ(held_failed % 2, 0u);
+  EXPECT_EQ(static_cast<uint64_t>(held_calls.load()), 2 * uint64_t{kN} - held_failed);
+  EXPECT_EQ(3 * s.published, s.delivered + s.handler_failed + s.dropped + s.failed);
+}
+
+TEST(Stats, ALateAnswerFromAServerOnAPlainThreadIsCounted) {
+  // serve_async keeps the replier; a plain thread answers after the call gave up.
+  std::mutex mu;
+  std::optional<bus::Replier<int>> kept;
+  bus::Bus bus(bus::Options().executors(2));
+  auto server = bus.serve_async(async_late, [&](int&&, bus::Replier<int> reply) {
+    std::lock_guard lock(mu);
+    kept.emplace(std::move(reply));
+  });
+  EXPECT_EQ(bus.call(async_late, 1, 20ms).status().code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard lock(mu);
+    return kept.has_value();
+  }));
+  std::thread([&] {
+    std::lock_guard lock(mu);
+    (*kept)(7);
+  }).join();
+  ASSERT_TRUE(bus.stop().ok());
+  const auto& c = channel(bus.stats(), "stats_test.async_late");
+  EXPECT_EQ(c.late_replies, 1u);
+  EXPECT_EQ(c.delivered, 1u);
+  EXPECT_EQ(c.expired, 0u);
+}
+
+TEST(Stats, ARequestThatExpiresAtTheServerIsCountedOnceAsExpired) {
+  // The server's executor is held past the deadlines of a call() and of a request(): the
+  // server finds both expired, runs no handler, and counts each once, never as a late reply.
+  Gate gate;
+  std::atomic<int> handled{0};
+  bus::Bus bus(bus::Options().executors(3));
+  auto server = bus.serve(
+      expiring,
+      [&](int v) {
+        handled++;
+        return v;
+      },
+      bus::on_executor(0));
+  OpenOnExit open_on_exit{gate};
+  ASSERT_TRUE(bus.post(bus::on_executor(0), [&] { gate.wait(); }).ok());
+  std::atomic<int> code{-1};
+  ASSERT_TRUE(bus.post(bus::on_executor(1),
+                       [&] {
+                         bus.request(expiring, 1, 20ms, [&](absl::StatusOr<int> r) {
+                           code = static_cast<int>(r.status().code());
+                         });
+                       })
+                  .ok());
+  EXPECT_EQ(bus.call(expiring, 2, 20ms).status().code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(eventually([&] { return code.load() >= 0; }));
+  EXPECT_EQ(code.load(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  gate.open();
+  ASSERT_TRUE(bus.stop().ok());
+  EXPECT_EQ(handled.load(), 0);
+  const auto& c = channel(bus.stats(), "stats_test.expiring");
+  EXPECT_EQ(c.published, 2u);
+  EXPECT_EQ(c.expired, 2u);
+  EXPECT_EQ(c.late_replies, 0u);
+  EXPECT_EQ(c.published, c.delivered + c.handler_failed + c.expired + c.unrouted + c.failed);
 }
 
 TEST(Stats, InboxesReportTheirRingsAndCapacity) {

@@ -47,9 +47,14 @@ struct TimerId {
   explicit operator bool() const { return id != 0; }
 };
 
-/// A subscription, consumer or server registration. Cancels itself when destroyed; after
-/// `cancel()` returns (called from another thread than the handler's) the handler never runs
-/// again. From the handler's own executor it takes effect when the current handler returns.
+/// A subscription, consumer or server registration; cancels itself when destroyed. Once
+/// `cancel()` has returned the handler does not start again (not even for messages already
+/// queued to it) and is not running, with two exceptions in which the call running at that
+/// moment finishes first: a cancel from the handler's own executor (one of its own handlers),
+/// and a cancel of a handler that is itself waiting, through other executors' cancels, for the
+/// caller's executor (a cycle no wait could end). Messages the caller sent before cancel()
+/// still reach the handler, but in that cycle. cancel() never deadlocks; from another thread
+/// to an ExternalInbox's handler it does not wait, and takes effect when that loop next drains.
 class [[nodiscard]] Subscription {
  public:
   Subscription() = default;
@@ -180,7 +185,9 @@ class Bus {
   /// Sends a request; `callback(absl::StatusOr<Rep>)` runs exactly once, on the calling
   /// executor (or external inbox), with the reply or a status: DeadlineExceeded, Unavailable (no
   /// handler, bus stopping), Internal (the handler threw), Cancelled (bus stopped first).
-  /// From a plain thread the callback runs on an executor the bus picks.
+  /// From a plain thread the callback runs on an executor the bus picks, or on the calling
+  /// thread before request() returns when no executor could take the request (the bus stopped,
+  /// or this thread's ring to it stayed full until the deadline).
   template <class Req, class Rep, MessageOf<Req> R, class F>
   requires std::invocable<F&, absl::StatusOr<Rep>>
   void request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration timeout, F&& callback);
@@ -245,9 +252,6 @@ class Bus {
 
   detail::Inbox& placed(Placement where);
   unsigned place(Placement where);
-  /// Posts `fn` to `inbox` and, unless the caller owns that inbox, waits until it ran.
-  template <class F>
-  absl::Status run_on(detail::Inbox& inbox, F&& fn, bool wait);
   template <class F>
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
   /// publish() and Publisher::publish() through the run `route` holds (its lease), while the
@@ -845,7 +849,7 @@ absl::Status Bus::publish_resolving(detail::Core& c, detail::Producer& p, detail
   } else if (list != nullptr) {
     result = publish_to_list(c, p, *list, topic, std::forward<U>(msg));
   }
-  if (result.ok()) p.counters.add(topic.id(), detail::kPublished);
+  p.counters.add(topic.id(), detail::kPublished);  // whatever became of its copies (see Stats)
   return result;
 }
 
@@ -916,18 +920,15 @@ Subscription Bus::add_subscriber(const Topic<T>& topic, detail::Inbox& inbox,
   sub.id = id;
   target->stage(&sub, 0);
   target->live.fetch_add(1, std::memory_order_relaxed);
-  return Subscription(core_, [this, target, id](detail::Core&) {
+  return Subscription(core_, [target, id](detail::Core& c) {
     target->live.fetch_sub(1, std::memory_order_relaxed);
-    // Through the ring, so what this thread published before still reaches the handler; and
-    // waited for, so the handler is not running and will not run again.
-    absl::Status posted = run_on(
-        *target->inbox,
-        [target, id] {
-          target->apply_changes();
-          std::erase_if(target->subs, [id](const auto& s) { return s.id == id; });
-        },
-        /*wait=*/true);
-    if (!posted.ok()) target->stage(nullptr, id);  // stopped: nothing runs it any more
+    // What this thread published before still reaches the handler: the cancel follows it
+    // through the ring (Core::cancel_on).
+    if (!c.cancel_on(
+            *target->inbox, [target, id] { target->stop_now(id); },
+            [target] { target->apply_changes(); })) {
+      target->stage(nullptr, id);  // stopped: nothing runs it any more
+    }
   });
 }
 
@@ -966,7 +967,7 @@ absl::Status Bus::send(const Queue<T>& queue, U&& msg) {
   detail::Producer& p = c.producer();
   if (!c.enter(p)) return detail::Core::stopped_status();
   absl::Status s = queue_state(queue).route(p, T(std::forward<U>(msg)));
-  if (s.ok()) p.counters.add(queue.id(), detail::kPublished);
+  p.counters.add(queue.id(), detail::kPublished);  // refused ones too: counted as failed
   c.leave(p);
   return s;
 }
@@ -1010,14 +1011,14 @@ Subscription Bus::add_consumer(detail::Targets<Tgt>& targets, std::unique_ptr<Tg
     std::lock_guard lock(core_->mu);
     target = targets.add(std::move(owned));
   }
-  return Subscription(core_, [this, &targets, target](detail::Core& c) {
+  return Subscription(core_, [&targets, target](detail::Core& c) {
     {
       std::lock_guard lock(c.mu);
       targets.remove(target);
     }
     // Messages already on their way to it are handed to another consumer by its inbox.
-    (void)run_on(
-        *target->inbox, [target] { target->retire(); }, /*wait=*/true);
+    (void)c.cancel_on(
+        *target->inbox, [target] { target->stopped = true; }, [target] { target->retire(); });
   });
 }
 
@@ -1032,15 +1033,23 @@ void Bus::request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration t
                  std::forward<F>(callback));
     return;
   }
-  // A plain thread has no inbox for the reply: make the request from an executor.
+  // A plain thread has no inbox for the reply: make the request from an executor. Handing it
+  // over waits for room in this thread's ring no longer than the deadline.
   auto cb = std::make_shared<std::decay_t<F>>(std::forward<F>(callback));
-  absl::Status st =
-      post(Placement{}, [this, &endpoint, req = Req(std::forward<R>(req)), deadline, cb]() mutable {
-        detail::Producer& ep = core_->producer();
-        request_from(ep, *ep.own_inbox, endpoint, std::move(req), deadline,
-                     [cb](absl::StatusOr<Rep> r) mutable { (*cb)(std::move(r)); });
-      });
-  if (!st.ok()) (*cb)(absl::StatusOr<Rep>(st));
+  auto make = [this, &endpoint, req = Req(std::forward<R>(req)), deadline, cb]() mutable {
+    detail::Producer& ep = core_->producer();
+    request_from(ep, *ep.own_inbox, endpoint, std::move(req), deadline,
+                 [cb](absl::StatusOr<Rep> r) mutable { (*cb)(std::move(r)); });
+  };
+  absl::Status st = post_to(placed(Placement{}),
+                            detail::DeadlineClosure<decltype(make)>{std::move(make), deadline});
+  if (!st.ok()) {
+    if (st.code() == absl::StatusCode::kDeadlineExceeded) {
+      p.counters.add(endpoint.id(), detail::kPublished);
+      p.counters.add(endpoint.id(), detail::kFailed);
+    }
+    (*cb)(absl::StatusOr<Rep>(st));  // on this thread: no executor took the request
+  }
 }
 
 template <class Req, class Rep, class F>
@@ -1051,9 +1060,8 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
   using CB = std::decay_t<F>;
   auto fail = [&](absl::Status s) {
     // Never call back inside request(): post the failure to the caller's own inbox.
-    absl::Status posted = run_on(
-        home, [cb = CB(std::forward<F>(callback)), s]() mutable { cb(absl::StatusOr<Rep>(s)); },
-        /*wait=*/false);
+    absl::Status posted = post_to(
+        home, [cb = CB(std::forward<F>(callback)), s]() mutable { cb(absl::StatusOr<Rep>(s)); });
     (void)posted;  // refused only once the bus has stopped; the bus then reports nothing more
   };
   if (!c.enter(p)) {
@@ -1065,6 +1073,7 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
     return;
   }
   uint64_t corr = home.reserve_pending();
+  p.counters.add(endpoint.id(), detail::kPublished);  // refused ones too: counted as failed
   if (corr == 0) [[unlikely]] {
     c.leave(p);
     p.counters.add(endpoint.id(), detail::kFailed);
@@ -1082,7 +1091,6 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
     fail(std::move(s));  // counted as failed by route()
     return;
   }
-  p.counters.add(endpoint.id(), detail::kPublished);
   // A request waits for its reply: it leaves at once (with what this thread sent before it), not
   // at the end of the handler batch making it. A Batch still holds it until the Batch ends.
   if (p.executor_unbatched()) p.flush();
@@ -1128,23 +1136,16 @@ absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req,
     return std::move(*rep);
   }
   auto waiter = std::make_shared<detail::Waiter<Rep>>();
+  // Registered before the request leaves: stop() ends a call it finds there with Cancelled
+  // (it looks once nothing is in flight, so after this thread's send and leave).
+  detail::Producer::Calling calling(p, waiter);
   absl::Status s = st.route_to(
       p, t, detail::RequestEnvelope<Req, Rep>{std::move(request), 0, nullptr, waiter, deadline});
   c.leave(p);
-  if (!s.ok()) return s;  // counted as failed by route()
   p.counters.add(endpoint.id(), detail::kPublished);
-  p.flush();  // inside a Batch the request would otherwise wait for the batch to end
-  using W = detail::Waiter<Rep>;
-  // pairs with the acq_rel exchange in Waiter::fulfil
-  while (waiter->state.load(std::memory_order_acquire) == W::kWaiting) {
-    auto left = deadline - Clock::now();
-    if (left <= Clock::duration::zero()) break;
-    detail::futex_wait(waiter->state, W::kWaiting,
-                       std::chrono::duration_cast<std::chrono::nanoseconds>(left));
-  }
-  if (waiter->state.exchange(W::kAbandoned, std::memory_order_acq_rel) == W::kDone) {
-    return std::move(*waiter->result);
-  }
+  if (!s.ok()) return s;  // counted as failed where it failed
+  p.flush();              // inside a Batch the request would otherwise wait for the batch to end
+  if (waiter->wait_until(deadline)) return std::move(*waiter->result);
   return no_reply();
 }
 
@@ -1195,29 +1196,8 @@ absl::Status Bus::post_to(detail::Inbox& inbox, F&& fn) {
 }
 
 template <class F>
-absl::Status Bus::run_on(detail::Inbox& inbox, F&& fn, bool wait) {
-  detail::Producer& p = core_->producer();
-  if (!wait || &inbox == p.own_inbox || inbox.kind() == detail::Inbox::Kind::kExternal) {
-    return post_to(inbox, std::forward<F>(fn));
-  }
-  std::atomic<uint32_t> done{0};
-  absl::Status s = post_to(inbox, [&done, fn = std::forward<F>(fn)]() mutable {
-    fn();
-    done.store(1, std::memory_order_release);  // pairs with the acquire load below
-    detail::futex_wake_all(done);
-  });
-  if (!s.ok()) return s;
-  p.flush();
-  while (done.load(std::memory_order_acquire) == 0) {
-    if (p.executor) p.drain_backlog();  // what we wait for may sit in our own backlog
-    detail::futex_wait(done, 0, std::chrono::milliseconds(1));
-  }
-  return absl::OkStatus();
-}
-
-template <class F>
 requires std::invocable<F&> absl::Status Bus::post(Placement where, F&& fn) {
-  return run_on(placed(where), std::forward<F>(fn), /*wait=*/false);
+  return post_to(placed(where), std::forward<F>(fn));
 }
 
 template <class F>
@@ -1235,12 +1215,9 @@ TimerId Bus::schedule(Placement where, Clock::duration first, Clock::duration pe
   detail::Inbox& in = placed(where);
   uint64_t id = in.reserve_timer_id();
   auto at = Clock::now() + first;
-  absl::Status s = run_on(
-      in,
-      [&in, id, at, period, fn = std::forward<F>(fn)]() mutable {
-        in.add_timer(id, at, period, std::move(fn), false);
-      },
-      /*wait=*/false);
+  absl::Status s = post_to(in, [&in, id, at, period, fn = std::forward<F>(fn)]() mutable {
+    in.add_timer(id, at, period, std::move(fn), false);
+  });
   return s.ok() ? TimerId{in.index(), id} : TimerId{};
 }
 

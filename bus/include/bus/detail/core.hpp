@@ -1,12 +1,14 @@
 // The bus's shared state: inboxes, executors, per-thread producers and the send primitive.
 #pragma once
 
+#include <absl/functional/any_invocable.h>
 #include <absl/status/status.h>
 #include <absl/strings/str_cat.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <concepts>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -25,8 +27,51 @@
 
 namespace bus::detail {
 
-enum ProducerCounter : std::size_t { kPublished, kDropped, kFailed, kProducerCounters };
+/// Counters a thread keeps per channel as it sends (docs/core.md, "Stats", defines each).
+enum ProducerCounter : std::size_t {
+  kPublished,
+  kDropped,
+  kFailed,
+  kRepliedLate,  // answers this thread gave to a call() that had ended already
+  kProducerCounters
+};
 enum class State : int { kRunning, kDraining, kStopped };
+
+/// A closure posted with a deadline (a plain thread's request() handed to an executor): a
+/// plain thread waits for room in the ring no longer than that (see deadline_of()).
+template <class F>
+struct DeadlineClosure {
+  F fn;
+  Clock::time_point deadline;
+  void operator()() { fn(); }
+};
+
+/// A plain thread blocked in call() (detail::Waiter): its state word, and how stop() ends it.
+struct WaiterBase {
+  enum : uint32_t { kWaiting, kWriting, kDone, kAbandoned };
+  std::atomic<uint32_t> state{kWaiting};
+  virtual ~WaiterBase() = default;
+  /// Any thread: the outcome is Cancelled `why`, unless it was decided already.
+  virtual void cancel(const absl::Status& why) = 0;
+  /// The caller: waits until the outcome is decided (true: the result may be taken) or, when
+  /// `deadline` comes first, gives up (false).
+  bool wait_until(Clock::time_point deadline);
+};
+
+/// The deadline a record's payload carries (a request's), or none: how long a plain thread may
+/// wait for room in a full ring to send it (Core::send_full). `args` build the payload.
+template <class P>
+concept CarriesDeadline = requires(const P& p) {
+  { p.deadline } -> std::convertible_to<Clock::time_point>;
+};
+template <class... A>
+Clock::time_point deadline_of(const A&...) {
+  return Clock::time_point::max();
+}
+template <CarriesDeadline P>
+Clock::time_point deadline_of(const P& payload) {
+  return payload.deadline;
+}
 
 /// One thread's sending side for one bus: its rings (one per inbox it has sent to), the rings
 /// waiting to be published, its counters, and (executors only) the records held back while a
@@ -131,6 +176,27 @@ struct Producer {
   std::size_t backlog_rings = 0;          // rings with held records
   std::atomic<uint64_t> backlog_size{0};  // read by stop()
 
+  // A plain thread's call() waiting for its reply, for stop() to end (Core::stop).
+  std::mutex call_mu;
+  std::shared_ptr<WaiterBase> calling;  // under call_mu
+  /// Registers a call() for its scope.
+  class Calling {
+   public:
+    Calling(Producer& p, std::shared_ptr<WaiterBase> w) : p_(p) {
+      std::lock_guard lock(p_.call_mu);
+      p_.calling = std::move(w);
+    }
+    Calling(const Calling&) = delete;
+    Calling& operator=(const Calling&) = delete;
+    ~Calling() {
+      std::lock_guard lock(p_.call_mu);
+      p_.calling = nullptr;
+    }
+
+   private:
+    Producer& p_;
+  };
+
   // Set while a plain thread is inside publish (or a Batch); stop() waits for it to clear.
   alignas(kCacheLine) std::atomic<uint32_t> active{0};
 
@@ -204,6 +270,21 @@ class Core {
   }
   /// Makes `inbox` the one this thread drains (its replies and callbacks land there).
   void bind_thread(Inbox& inbox);
+
+  /// Cancels something that lives on `owner` (a subscriber, consumer, server, timer or service):
+  /// `now` (flags its handlers look at: safe while one of them runs) and then `later` (the rest,
+  /// between two records) run on the owner's thread, and this returns once `now` has run:
+  /// - from the owner's own thread, `now` runs here and `later` after the current handler;
+  /// - from another thread, both go through this thread's ring, after what it sent to the owner
+  ///   before, and this waits. An executor that waits keeps draining its backlog and runs the
+  ///   `now` of cancellers that wait for it in turn, so executors cancelling on each other never
+  ///   deadlock; a canceller whose own wait is part of such a cycle is released as soon as the
+  ///   owner's wait reaches it (Handoff);
+  /// - to an external inbox (an event loop that may have stopped draining) it does not wait:
+  ///   `now` runs when that loop next drains.
+  /// Returns false when nothing runs on the owner any more (the bus has stopped): the caller
+  /// then cleans up itself.
+  bool cancel_on(Inbox& owner, absl::AnyInvocable<void()> now, absl::AnyInvocable<void()> later);
   Ring& new_ring(Producer& p, Inbox& dest);
 
   /// Plain threads: announce a publish so stop() can wait for it. Returns false if stopping.
@@ -398,6 +479,11 @@ class Core {
  private:
   friend struct ThreadProducers;
   Producer& producer_slow();
+  /// A closure for `dest`'s thread, sent whatever the state (see cancel_on()): kBlock, as a
+  /// post; to the caller's own external inbox, deferred.
+  absl::Status post_control(Producer& p, Inbox& dest, absl::AnyInvocable<void()> fn);
+  /// cancel_on()'s wait: until `h` is done, or `owner`'s loop has ended (then false).
+  bool await(Producer& p, Inbox& owner, const std::shared_ptr<Handoff>& h);
   ChannelState& install_state(uint32_t id,
                               const std::function<std::unique_ptr<ChannelState>()>& make);
   void run_executor(Inbox& inbox, unsigned index);
@@ -441,6 +527,11 @@ template <class P, class... A>
                                                Overflow policy, uint32_t channel, A&&... args) {
   constexpr uint32_t kWords = Payload<P>::kWords;
   uint64_t* w = nullptr;
+  // A copy to a topic's target stands for each of its subscribers (see Stats). Closures are
+  // posted on no channel (UINT32_MAX): their poster counts what it must.
+  auto refused = [&](ProducerCounter c) {
+    if (channel != UINT32_MAX) p.counters.add(channel, c, target->copies());
+  };
   // Full. Records this thread built but did not publish yet count as taken room: publish them
   // so the consumer can free it.
   if (r.publish()) {
@@ -450,9 +541,9 @@ template <class P, class... A>
   }
   if (w == nullptr) {
     switch (policy) {
-      case Overflow::kDropNewest: p.counters.add(channel, kDropped); return absl::OkStatus();
+      case Overflow::kDropNewest: refused(kDropped); return absl::OkStatus();
       case Overflow::kFail:
-        p.counters.add(channel, kFailed);
+        refused(kFailed);
         return absl::ResourceExhaustedError(
             absl::StrCat("bus: ring to inbox ", dest.index(), " is full (channel '",
                          channel_info(channel).name, "', overflow policy: fail)"));
@@ -472,7 +563,7 @@ template <class P, class... A>
     if (p.executor) {
       // An executor never blocks: it holds the record back, in order, up to a bound.
       if (p.backlog.size() >= options_.executor_backlog()) {
-        p.counters.add(channel, kFailed);
+        refused(kFailed);
         return absl::ResourceExhaustedError(
             absl::StrCat("bus: executor backlog full (", p.backlog.size(),
                          " records held while rings are full; "
@@ -488,17 +579,30 @@ template <class P, class... A>
       return absl::OkStatus();
     }
     // A plain thread waits for room: spin briefly, then park until the consumer releases. On
-    // one CPU the consumer cannot free room while this thread spins: it yields instead.
+    // one CPU the consumer cannot free room while this thread spins: it yields instead. A
+    // request waits no longer than its deadline: that bounds everything it waits for.
     if (p.one_cpu) {
       for (int look = 0; look < 16 && !r.has_room(kWords); ++look) std::this_thread::yield();
     } else {
       for (int spin = 0; spin < 4096 && !r.has_room(kWords); ++spin) cpu_relax();
     }
+    const Clock::time_point deadline = deadline_of(args...);
     while (!r.has_room(kWords)) {
+      auto left = deadline - Clock::now();
+      if (left <= Clock::duration::zero() || dest.loop_ended()) {
+        r.producer_waiting.store(0, std::memory_order_relaxed);
+        refused(kFailed);
+        if (dest.loop_ended()) return stopped_status();
+        return absl::DeadlineExceededError(absl::StrCat(
+            "bus: no room in the ring to inbox ", dest.index(), " before the request's deadline",
+            channel == UINT32_MAX ? ""
+                                  : absl::StrCat(" (channel '", channel_info(channel).name, "')")));
+      }
       r.producer_waiting.store(1, std::memory_order_relaxed);
       heavy_barrier();  // pairs with the consumer's light_barrier() after release()
       if (r.has_room(kWords)) break;
-      futex_wait(r.producer_waiting, 1, std::chrono::milliseconds(100));
+      futex_wait(r.producer_waiting, 1,
+                 std::min<Clock::duration>(left, std::chrono::milliseconds(100)));
     }
     r.producer_waiting.store(0, std::memory_order_relaxed);
     w = r.try_reserve(kWords);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
+#include <absl/container/flat_hash_set.h>
 #include <absl/functional/any_invocable.h>
 #include <absl/status/status.h>
 
@@ -13,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -73,6 +75,30 @@ class Deadlines {
   std::vector<Entry> heap_;
 };
 
+class Inbox;
+
+/// A cancel that another thread waits for (Core::cancel_on). `now` runs once on the owner's
+/// thread: from a closure in the owner's ring, in order with what the canceller sent before, or,
+/// when the owner is itself waiting for a cancel and its chain of waits reaches the canceller
+/// (a cycle no wait could end), from that wait at once. `now` only sets flags its handlers look
+/// at, so it is safe to run while one of them is on the owner's stack.
+struct Handoff {
+  Handoff(absl::AnyInvocable<void()> fn, Inbox* canceller) : now(std::move(fn)), from(canceller) {}
+  absl::AnyInvocable<void()> now;
+  Inbox* const from;  // the waiting executor's inbox; null for a thread none can wait for
+  std::atomic<uint32_t> done{0};  // futex word of a canceller that is not an executor
+  bool ran = false;               // owner thread only
+  /// Owner thread.
+  void run_now() {
+    if (!ran) {
+      ran = true;
+      now();
+    }
+  }
+  /// Owner thread: `now` has run; the canceller may go on.
+  void finish();
+};
+
 /// Counters an inbox keeps per channel (its thread is their only writer).
 enum InboxCounter : std::size_t {
   kDelivered,      // handler invocations that returned
@@ -117,6 +143,24 @@ class Inbox {
   }
   /// The eventfd an external loop polls (-1 for executors).
   int eventfd() const { return eventfd_; }
+  /// True once the owning executor has left its loop for good: nothing posted to it runs.
+  bool loop_ended() const { return loop_ended_.load(std::memory_order_acquire); }
+
+  // ---- waits for cancels (Core::cancel_on): executors only ------------------------------------
+
+  /// Set while the owner waits for a cancel on another inbox: that inbox. Read by others.
+  std::atomic<Inbox*> waiting_for{nullptr};
+  /// A canceller waiting for this (executor) inbox registers its handoff here, so that the owner
+  /// can run it from a wait of its own when the two wait on each other.
+  void add_handoff(std::shared_ptr<Handoff> h);
+  void remove_handoff(const Handoff* h);
+  /// Wakes the owner if it waits for a cancel (a handoff of its own finished, or one arrived).
+  void wake_waiter();
+  /// The word the owner waits on while it waits for a cancel.
+  std::atomic<uint32_t>& wait_word() { return wait_word_; }
+  /// Owner, while it waits: runs every registered handoff whose canceller waits, through a
+  /// chain of waits, for this owner. Returns how many ran.
+  std::size_t run_handoffs_in_cycles();
 
   // ---- owner thread --------------------------------------------------------------------------
 
@@ -204,11 +248,15 @@ class Inbox {
   void add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline, CompleteFn fn);
   /// Pending requests' deadlines are not timers (no allocation or map node per request), but
   /// next_timer(), ready() and run_due_timers() cover them too.
-  /// A reply arrived: runs the callback, or counts a late reply when none is pending.
-  void complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply);
+  /// A reply arrived: runs the callback, or, when none is pending, counts a late reply (only
+  /// one a handler gave: see ReplyEnvelope::by_handler).
+  void complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply,
+                bool by_handler = true);
   /// Slots taken (reserved or filled).
   std::size_t pending_count() const { return pending_.size() - free_pending_.size(); }
   void cancel_all_pending(const absl::Status& why);
+  /// Owner thread, once its loop has ended for good.
+  void end_loop() { loop_ended_.store(true, std::memory_order_release); }
 
   CounterTable<kInboxCounters> counters;
   // Quiescence at stop(): a timer callback runs between these two increments (see Core::stop).
@@ -252,12 +300,30 @@ class Inbox {
   std::atomic<uint32_t> hurry_{0};
   alignas(kCacheLine) std::atomic<Node*> incoming_{nullptr};
   std::atomic<uint64_t> last_timer_{0};
+  std::atomic<bool> loop_ended_{false};
+  std::atomic<uint32_t> wait_word_{0};
+  std::mutex handoffs_mu_;
+  std::vector<std::shared_ptr<Handoff>> handoffs_;  // under handoffs_mu_
+  /// True when this inbox's chain of waits reaches `target`.
+  bool waits_for(const Inbox* target) const;
 
   alignas(kCacheLine) std::vector<std::shared_ptr<Ring>> rings_;
   std::map<std::pair<Clock::time_point, uint64_t>, Timer> timers_;
   absl::flat_hash_map<uint64_t, Clock::time_point> timer_at_;
   uint64_t firing_ = 0;  // id of the periodic timer being run
   bool firing_cancelled_ = false;
+  // A timer's cancel can arrive before the closure adding it (they may come through two rings,
+  // or the cancel may run at once on the owner: Core::cancel_on). Ids whose add_timer() ran:
+  // every one up to timers_seen_, and those above it in timers_seen_above_ (few: ids are added
+  // nearly in order). An id cancelled before it was seen waits in cancelled_unseen_.
+  uint64_t timers_seen_ = 0;
+  absl::flat_hash_set<uint64_t> timers_seen_above_;
+  absl::flat_hash_set<uint64_t> cancelled_unseen_;
+  bool timer_seen(uint64_t id) const {
+    return id <= timers_seen_ || timers_seen_above_.contains(id);
+  }
+  /// Returns false when `id` was seen before (a periodic timer added again).
+  bool see_timer(uint64_t id);
   std::vector<Pending> pending_;  // indexed by a correlation's slot
   const std::size_t max_pending_;
   std::vector<uint32_t> free_pending_;

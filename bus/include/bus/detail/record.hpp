@@ -2,6 +2,7 @@
 // payloads built in place.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -101,8 +102,17 @@ struct Target {
   InvokeFn invoke;
   const PayloadOps* ops;
   InvokeRunFn invoke_run = nullptr;
+  /// A topic's target: its live subscriptions. A copy of a message dropped or refused on its
+  /// way to this target counts once per subscriber (see Stats); any other target counts once.
+  const std::atomic<int>* subscribers = nullptr;
 
   uint32_t payload_words() const { return ops->words - 1; }
+  /// How many subscribers a copy of a message to this target stands for.
+  uint64_t copies() const {
+    if (subscribers == nullptr) return 1;
+    int n = subscribers->load(std::memory_order_relaxed);
+    return n > 0 ? static_cast<uint64_t>(n) : 0;
+  }
   /// The size in words of a record with this header.
   static uint32_t record_words(uint64_t header) {
     return 1 + payloads_of(header) * target_of(header)->payload_words();

@@ -93,7 +93,7 @@ class Targets {
 template <class T>
 struct TopicTarget : Target {
   TopicTarget(uint32_t ch, Inbox& in)
-      : Target{&run, &Payload<T>::kOps, &run_many}, channel(ch), inbox(&in) {}
+      : Target{&run, &Payload<T>::kOps, &run_many, &live}, channel(ch), inbox(&in) {}
 
   /// The handler of a subscriber that takes each message, kept as its own type: `one` calls it
   /// for one message, `each` for a run of them in one loop with the call inlined (one indirect
@@ -110,13 +110,18 @@ struct TopicTarget : Target {
     return Handler{std::make_shared<D>(std::forward<F>(f)),
                    +[](void* h, const T& msg) { (*static_cast<D*>(h))(msg); }, &each_of<D>};
   }
-  /// A run to one subscriber: each payload is destroyed after its call, thrown or not.
+  /// A run to one subscriber: each payload is destroyed after its call, thrown or not. The
+  /// loop's bound is `t.run_limit`, which stop_now() cuts to 0: a subscriber cancelled in its
+  /// handler gets no more of the run. (Compared in memory, the bound costs no instruction more
+  /// than a register; the rest of a cut run is destroyed undelivered.)
   template <class D>
   static std::size_t each_of(void* h, uint64_t* payload, uint32_t stride, std::size_t count,
                              TopicTarget& t, Inbox& in) {
     D& f = *static_cast<D*>(h);
     std::size_t delivered = 0;
-    for (std::size_t i = 0; i < count; ++i) {
+    std::size_t i = 0;
+    t.run_limit = count;
+    for (; i < t.run_limit; ++i) {
       void* at = payload + i * stride;
       PayloadGuard<T> guard{at};
       try {
@@ -126,6 +131,7 @@ struct TopicTarget : Target {
         t.handler_threw(in, 1);
       }
     }
+    for (; i < count; ++i) Payload<T>::destroy(payload + i * stride);
     return delivered;
   }
 
@@ -134,14 +140,16 @@ struct TopicTarget : Target {
     uint64_t id;
     Handler fn;
     absl::AnyInvocable<void(std::span<const T>)> bulk;
+    bool stopped = false;  // owner thread: cancelled, not called again; removed at the next record
   };
   /// A run record of T lies in memory as an array of T when the payloads are inline and fill
   /// their words exactly: then a bulk subscriber gets the run as one span.
   static constexpr bool kArrayRuns = Payload<T>::kInline && sizeof(T) % 8 == 0;
   const uint32_t channel;
   Inbox* const inbox;
-  std::atomic<int> live{0};  // subscriptions; publishers skip the target at zero
-  std::vector<Sub> subs;     // owner thread only
+  std::atomic<int> live{0};   // subscriptions; publishers skip the target at zero
+  std::vector<Sub> subs;      // owner thread only
+  std::size_t run_limit = 0;  // owner thread: each_of()'s bound, cut by stop_now()
 
   // Subscribe and cancel from any thread stage their change here; the owner applies it before
   // the next record, so a message published after subscribe() returned finds its handler.
@@ -156,13 +164,50 @@ struct TopicTarget : Target {
     if (remove) removed.push_back(remove);
     changed.store(true, std::memory_order_release);  // pairs with the acquire in run()
   }
+  /// Owner thread, between records. The subscribers removed go after the lock is released:
+  /// their handlers' captures may cancel other registrations, this target's among them.
   void apply_changes() {
+    std::vector<Sub> gone;
+    {
+      std::lock_guard lock(changes_mu);
+      for (auto& s : added) subs.push_back(std::move(s));
+      added.clear();
+      for (uint64_t id : removed) {
+        for (auto it = subs.begin(); it != subs.end();) {
+          if (it->id == id) {
+            gone.push_back(std::move(*it));
+            it = subs.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      removed.clear();
+      changed.store(false, std::memory_order_relaxed);
+    }
+  }
+  /// Owner thread, at any moment (a handler of this inbox may be running, this subscriber's
+  /// own among them): subscriber `id` is not called again, not even for the rest of the record
+  /// or run being delivered. Its removal from `subs` is staged for the next record.
+  void stop_now(uint64_t id) {
+    for (Sub& s : subs) {
+      if (s.id == id) {
+        s.stopped = true;
+        run_limit = 0;  // a run in each_of() goes to this subscriber only
+      }
+    }
+    std::vector<Sub> gone;  // subscribed and cancelled before the owner took it in
     std::lock_guard lock(changes_mu);
-    for (auto& s : added) subs.push_back(std::move(s));
-    added.clear();
-    for (uint64_t id : removed) std::erase_if(subs, [id](const Sub& s) { return s.id == id; });
-    removed.clear();
-    changed.store(false, std::memory_order_relaxed);
+    for (auto it = added.begin(); it != added.end();) {
+      if (it->id == id) {
+        gone.push_back(std::move(*it));
+        it = added.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    removed.push_back(id);
+    changed.store(true, std::memory_order_release);
   }
 
   /// Delivers one message to every subscriber; returns how many took it without throwing.
@@ -173,8 +218,14 @@ struct TopicTarget : Target {
   [[gnu::always_inline]] std::size_t deliver_to_subs(void* payload, Inbox& in) {
     PayloadGuard<T> guard{payload};
     const T& msg = *Payload<T>::get(payload);
+    // The changes applied just before removed every stopped subscriber: only a handler of this
+    // message can stop one, and after the only one nothing is left to call.
+    if (subs.size() == 1) [[likely]]
+      return call_one(subs.front(), msg, in);
     std::size_t delivered = 0;
-    for (auto& s : subs) delivered += call_one(s, msg, in);
+    for (auto& s : subs) {
+      if (!s.stopped) delivered += call_one(s, msg, in);
+    }
     return delivered;
   }
   /// One message to one subscriber, whichever kind.
@@ -221,13 +272,15 @@ struct TopicTarget : Target {
       delivered = h.each(h.fn.get(), payload, stride, count, *t, in);
     } else {
       // Each subscriber takes the whole run in turn (its order is kept); then the payloads go.
+      // One stopped by a handler of the run (stop_now) is not called again.
       bool array = kArrayRuns && stride * 8 == sizeof(T);
       for (Sub& s : t->subs) {
+        if (s.stopped) continue;
         if (s.bulk && array) {
           delivered += t->call_bulk(s, {Payload<T>::get(payload), count}, in);
           continue;
         }
-        for (std::size_t i = 0; i < count; ++i) {
+        for (std::size_t i = 0; i < count && !s.stopped; ++i) {
           delivered += t->call_one(s, *Payload<T>::get(at(i)), in);
         }
       }
@@ -283,7 +336,13 @@ struct QueueTarget : Target {
   QueueState<T>* const state;
   const bool remote;
   Handler fn;  // owner thread; empty once the consumer is removed
-  void retire() { fn = nullptr; }
+  // Owner thread: set when the consumer is cancelled (at once, even from its own handler);
+  // what reaches it after that goes to another consumer.
+  bool stopped = false;
+  void retire() {
+    stopped = true;
+    fn = nullptr;
+  }
 
   static void run(Target* self, void* payload, Inbox& in);
 };
@@ -312,7 +371,7 @@ void QueueTarget<T>::run(Target* self, void* payload, Inbox& in) {
   auto* t = static_cast<QueueTarget*>(self);
   PayloadGuard<T> guard{payload};
   T& msg = *Payload<T>::get(payload);
-  if (!t->fn) {
+  if (t->stopped) {
     // This consumer was removed while the message was on its way: hand it to another one.
     Producer& p = in.core().producer();
     if (!t->state->route(p, std::move(msg)).ok()) {
@@ -333,20 +392,21 @@ void QueueTarget<T>::run(Target* self, void* payload, Inbox& in) {
 
 // ---- request / reply -------------------------------------------------------------------------
 
-/// Where a plain thread blocked in call() waits for its reply.
+/// Where a plain thread blocked in call() waits for its reply. Whoever claims it first decides
+/// the outcome: the server's reply, stop()'s Cancelled, or the caller giving up at its deadline.
 template <class Rep>
-struct Waiter {
-  enum : uint32_t { kWaiting, kDone, kAbandoned };
-  std::atomic<uint32_t> state{kWaiting};
+struct Waiter final : WaiterBase {
   std::optional<absl::StatusOr<Rep>> result;
-  /// Server side. False when the caller gave up first (a late reply).
+  /// Any thread. False when the outcome was decided already (the caller gave up, or stop()).
   bool fulfil(absl::StatusOr<Rep> r) {
+    uint32_t waiting = kWaiting;
+    if (!state.compare_exchange_strong(waiting, kWriting, std::memory_order_relaxed)) return false;
     result.emplace(std::move(r));
-    // pairs with the acquire exchange/load on the caller's side
-    if (state.exchange(kDone, std::memory_order_acq_rel) == kAbandoned) return false;
+    state.store(kDone, std::memory_order_release);  // pairs with the acquire in wait_until()
     futex_wake_all(state);
     return true;
   }
+  void cancel(const absl::Status& why) override { (void)fulfil(absl::StatusOr<Rep>(why)); }
 };
 
 template <class Req, class Rep>
@@ -363,14 +423,18 @@ struct ReplyEnvelope {
   absl::StatusOr<Rep> result;
   uint64_t correlation;
   uint32_t channel;
+  // False for an answer the bus gave without a handler (the request expired, or no server was
+  // left): its request is counted there, so it is never counted as a late reply too.
+  bool by_handler;
 
   static void run(Target*, void* payload, Inbox& in) {
     PayloadGuard<ReplyEnvelope> guard{payload};
     auto* env = Payload<ReplyEnvelope>::get(payload);
     if (env->result.ok()) {
-      in.complete(env->correlation, env->channel, absl::OkStatus(), &env->result.value());
+      in.complete(env->correlation, env->channel, absl::OkStatus(), &env->result.value(),
+                  env->by_handler);
     } else {
-      in.complete(env->correlation, env->channel, env->result.status(), nullptr);
+      in.complete(env->correlation, env->channel, env->result.status(), nullptr, env->by_handler);
     }
   }
   static inline Target kTarget{&run, &Payload<ReplyEnvelope>::kOps};
@@ -491,7 +555,11 @@ struct EndpointTarget : Target {
   Handler fn;  // owner thread; all empty once the server is removed
   Forward forward;
   Async async;
+  // Owner thread: set when the server is cancelled (at once, even from its own handler); what
+  // reaches it after that goes to another server.
+  bool stopped = false;
   void retire() {
+    stopped = true;
     fn = nullptr;
     forward = nullptr;
     async = nullptr;
@@ -535,23 +603,26 @@ struct EndpointState : ChannelState {
     return p.core.send<Envelope>(p, *t.inbox, &t, overflow, channel, std::move(env));
   }
 
-  /// Sends the result back to whoever asked. Runs on the server's executor.
-  void reply(Inbox& in, Envelope& env, absl::StatusOr<Rep> result) {
-    answer(in.core(), env.reply_to, env.waiter, env.correlation, std::move(result));
+  /// Sends the result back to whoever asked. Runs on the server's executor. `by_handler`: see
+  /// ReplyEnvelope.
+  void reply(Inbox& in, Envelope& env, absl::StatusOr<Rep> result, bool by_handler = true) {
+    answer(in.core(), env.reply_to, env.waiter, env.correlation, std::move(result), by_handler);
   }
   /// The same from any thread that may send (an executor, or a plain thread that entered).
   void answer(Core& core, Inbox* reply_to, const std::shared_ptr<Waiter<Rep>>& waiter,
-              uint64_t correlation, absl::StatusOr<Rep> result) {
+              uint64_t correlation, absl::StatusOr<Rep> result, bool by_handler = true) {
     Producer& p = core.producer();
     if (reply_to == nullptr) {
-      if (!waiter->fulfil(std::move(result)) && p.own_inbox != nullptr) {
-        p.own_inbox->counters.add(channel, kLateReplies);
+      // The caller gave up at its deadline, or stop() answered it: a late reply, counted by
+      // this thread (which may have no inbox: a Replier answering from a plain thread).
+      if (!waiter->fulfil(std::move(result)) && by_handler) {
+        p.counters.add(channel, kRepliedLate);
       }
       return;
     }
     (void)p.core.send<ReplyEnvelope<Rep>>(p, *reply_to, &ReplyEnvelope<Rep>::kTarget,
                                           Overflow::kBlock, channel, std::move(result), correlation,
-                                          channel);
+                                          channel, by_handler);
   }
   /// A Replier's way back (see bus::Replier).
   static void answer_later(void* self, Core& core, Inbox* reply_to,
@@ -570,17 +641,17 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
   auto* t = static_cast<EndpointTarget*>(self);
   PayloadGuard<Envelope> guard{payload};
   Envelope& env = *Payload<Envelope>::get(payload);
-  if (!t->fn && !t->forward && !t->async) {
+  if (t->stopped) {
     Producer& p = in.core().producer();
     if (absl::Status s = t->state->route(p, std::move(env)); !s.ok()) {
       in.counters.add(t->channel, kUnrouted);
-      t->state->reply(in, env, std::move(s));
+      t->state->reply(in, env, std::move(s), /*by_handler=*/false);
     }
     return;
   }
   if (reached(env.deadline)) {
     // The caller has given up (or is about to): do not spend the handler on it.
-    t->state->reply(in, env, t->expired(in));
+    t->state->reply(in, env, t->expired(in), /*by_handler=*/false);
     return;
   }
   if (t->forward) {

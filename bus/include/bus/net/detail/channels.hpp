@@ -212,7 +212,8 @@ struct BusAccess {
       t = bus::detail::pick(p, st.targets.load(), st.channel, st.key, static_cast<const Req&>(req));
       c.leave(p);
     }
-    if (t != nullptr && t->inbox == &home && t->fn) {  // fn: read on its owner thread, this one
+    // stopped and fn: read on their owner thread, this one.
+    if (t != nullptr && t->inbox == &home && !t->stopped && t->fn) {
       p.counters.add(ep.id(), bus::detail::kPublished);
       absl::StatusOr<Rep> rep;
       {
