@@ -105,15 +105,14 @@ bool WaiterBase::wait_until(Clock::time_point deadline) {
 // ---- cancels ------------------------------------------------------------------------------------
 
 absl::Status Core::post_control(Producer& p, Inbox& dest, absl::AnyInvocable<void()> fn) {
-  using Fn = absl::AnyInvocable<void()>;
   if (!p.executor && &dest == p.own_inbox) {
     dest.defer(std::move(fn));  // its own ring may be full, and only this thread drains it
     return absl::OkStatus();
   }
   // No look at the gate: a closure sent after stop() has seen every ring quiet is either run by
   // an executor still in its loop or left there, which the caller learns from loop_ended().
-  return send<Fn>(p, dest, &ClosureTarget<Fn>::kTarget, Overflow::kBlock, UINT32_MAX,
-                  std::move(fn));
+  return send<ControlClosure>(p, dest, &ClosureTarget<ControlClosure>::kTarget, Overflow::kBlock,
+                              UINT32_MAX, ControlClosure{std::move(fn)});
 }
 
 bool Core::cancel_on(Inbox& owner, absl::AnyInvocable<void()> now,

@@ -1059,10 +1059,9 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
   detail::Core& c = *core_;
   using CB = std::decay_t<F>;
   auto fail = [&](absl::Status s) {
-    // Never call back inside request(): post the failure to the caller's own inbox.
-    absl::Status posted = post_to(
-        home, [cb = CB(std::forward<F>(callback)), s]() mutable { cb(absl::StatusOr<Rep>(s)); });
-    (void)posted;  // refused only once the bus has stopped; the bus then reports nothing more
+    // Never call back inside request(): the failure waits in the caller's own inbox (`home` is
+    // this thread's), outside its rings, which may be full.
+    home.defer([cb = CB(std::forward<F>(callback)), s]() mutable { cb(absl::StatusOr<Rep>(s)); });
   };
   if (!c.enter(p)) {
     if (c.state() == detail::State::kStopped) {

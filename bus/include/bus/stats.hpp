@@ -8,17 +8,22 @@
 
 namespace bus {
 
+/// One channel's counters. Every message offered has one outcome per subscriber: once nothing is
+/// in flight, `published * subscribers == delivered + handler_failed + dropped + failed` for a
+/// topic whose subscribers stayed, and `published == delivered + handler_failed + dropped +
+/// failed + expired + unrouted` for a queue or endpoint (docs/core.md, "Stats").
 struct ChannelStats {
   std::string name;
   std::string type;        // e.g. "Topic<Tick>"
-  uint64_t published = 0;  // accepted by publish/send/request
-  uint64_t delivered = 0;  // messages handlers took and returned (one per subscriber)
-  uint64_t dropped = 0;    // discarded by the drop-newest policy
-  uint64_t failed = 0;     // refused: ring full under the fail policy, no consumer, backlog full
-  uint64_t handler_failed = 0;  // messages whose handler threw (a bulk handler: its span)
-  uint64_t late_replies = 0;    // replies that came after the requester's deadline
-  uint64_t expired = 0;         // requests whose deadline passed before a handler ran
-  uint64_t unrouted = 0;        // messages whose consumer went away with none left to take them
+  uint64_t published = 0;  // offered by publish/send/request/call while the bus ran
+  uint64_t delivered = 0;  // handler calls that returned (one per subscriber)
+  uint64_t dropped = 0;    // discarded by the drop-newest policy, once per subscriber
+  uint64_t failed = 0;     // refused (full ring under kFail, full backlog, no consumer, no room
+                           // before a request's deadline, ...), once per subscriber
+  uint64_t handler_failed = 0;  // handler calls that threw (a bulk handler: its span)
+  uint64_t late_replies = 0;    // handlers' replies that came after their request had ended
+  uint64_t expired = 0;         // requests a server did not run: their deadline had passed
+  uint64_t unrouted = 0;        // cancelled on their way to a consumer, with none left
 };
 
 struct InboxStats {

@@ -46,6 +46,14 @@ struct DeadlineClosure {
   void operator()() { fn(); }
 };
 
+/// A cancel's closure (Core::cancel_on): essential (see kEssential).
+struct ControlClosure {
+  absl::AnyInvocable<void()> fn;
+  void operator()() { fn(); }
+};
+template <>
+inline constexpr bool kEssential<ControlClosure> = true;
+
 /// A plain thread blocked in call() (detail::Waiter): its state word, and how stop() ends it.
 struct WaiterBase {
   enum : uint32_t { kWaiting, kWriting, kDone, kAbandoned };
@@ -562,7 +570,7 @@ template <class P, class... A>
   if (__builtin_expect(w == nullptr, 0)) {
     if (p.executor) {
       // An executor never blocks: it holds the record back, in order, up to a bound.
-      if (p.backlog.size() >= options_.executor_backlog()) {
+      if (!kEssential<P> && p.backlog.size() >= options_.executor_backlog()) {
         refused(kFailed);
         return absl::ResourceExhaustedError(
             absl::StrCat("bus: executor backlog full (", p.backlog.size(),

@@ -82,6 +82,13 @@ inline constexpr uint32_t kMaxRun = 256;
 template <class P>
 inline constexpr bool kLatencyBound = false;
 
+/// True for records an executor may not be refused when its backlog is full (see
+/// Options::executor_backlog): replies, whose requests were counted already and wait for them,
+/// and the closures of cancels, which another thread waits for. Both are as many as requests
+/// and cancels in flight, which bounds them.
+template <class P>
+inline constexpr bool kEssential = false;
+
 struct Target;
 inline Target* target_of(uint64_t header) {
   return reinterpret_cast<Target*>(header & kTargetBits);

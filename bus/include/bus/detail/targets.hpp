@@ -364,6 +364,17 @@ struct QueueState : ChannelState {
     }
     return p.core.send<T>(p, *t->inbox, t, overflow, channel, std::move(msg));
   }
+  /// A message whose consumer was cancelled on its way, from that consumer's inbox: to another
+  /// consumer, or counted as unrouted when none is left (a full ring counts where it refuses).
+  void reroute(Producer& p, Inbox& in, T&& msg) {
+    QueueTarget<T>* t = pick(p, targets.load(), channel, key, static_cast<const T&>(msg));
+    if (t == nullptr) {
+      in.counters.add(channel, kUnrouted);
+      in.core().log_once(channel, "unrouted", "consumer removed and no other consumer left");
+      return;
+    }
+    (void)p.core.send<T>(p, *t->inbox, t, overflow, channel, std::move(msg));
+  }
 };
 
 template <class T>
@@ -373,11 +384,7 @@ void QueueTarget<T>::run(Target* self, void* payload, Inbox& in) {
   T& msg = *Payload<T>::get(payload);
   if (t->stopped) {
     // This consumer was removed while the message was on its way: hand it to another one.
-    Producer& p = in.core().producer();
-    if (!t->state->route(p, std::move(msg)).ok()) {
-      in.counters.add(t->channel, kUnrouted);
-      in.core().log_once(t->channel, "unrouted", "consumer removed and no other consumer left");
-    }
+    t->state->reroute(in.core().producer(), in, std::move(msg));
     return;
   }
   try {
@@ -444,6 +451,8 @@ template <class Req, class Rep>
 inline constexpr bool kLatencyBound<RequestEnvelope<Req, Rep>> = true;
 template <class Rep>
 inline constexpr bool kLatencyBound<ReplyEnvelope<Rep>> = true;
+template <class Rep>
+inline constexpr bool kEssential<ReplyEnvelope<Rep>> = true;
 
 template <class Req, class Rep>
 struct EndpointState;
@@ -642,11 +651,20 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
   PayloadGuard<Envelope> guard{payload};
   Envelope& env = *Payload<Envelope>::get(payload);
   if (t->stopped) {
+    // This server was removed while the request was on its way: hand it to another one, or
+    // count it as unrouted (a full ring counts where it refuses) and answer the caller.
     Producer& p = in.core().producer();
-    if (absl::Status s = t->state->route(p, std::move(env)); !s.ok()) {
+    auto* next = pick(p, t->state->targets.load(), t->channel, t->state->key,
+                      static_cast<const Req&>(env.request));
+    absl::Status s;
+    if (next == nullptr) {
       in.counters.add(t->channel, kUnrouted);
-      t->state->reply(in, env, std::move(s), /*by_handler=*/false);
+      s = absl::UnavailableError(
+          absl::StrCat("bus: no handler serves endpoint '", channel_info(t->channel).name, "'"));
+    } else {
+      s = t->state->send_to(p, *next, std::move(env));
     }
+    if (!s.ok()) t->state->reply(in, env, std::move(s), /*by_handler=*/false);
     return;
   }
   if (reached(env.deadline)) {
