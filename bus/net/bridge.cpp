@@ -28,6 +28,10 @@ Bridge::Bridge(Bus& bus, NodeOptions options)
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw std::runtime_error("bus.net: eventfd() failed");
   lanes_ = std::make_shared<DirectLanes>(ctx_, opt_, id_, limits_);
+  // A call waiting on another node ends Cancelled when the bus stops, as one waiting in process.
+  BusAccess::on_stop(bus_, [lanes = std::weak_ptr<DirectLanes>(lanes_)] {
+    if (auto l = lanes.lock()) l->stop();
+  });
   std::promise<void> ready;
   auto started = ready.get_future();
   thread_ = std::thread([this, &ready] { run(ready); });

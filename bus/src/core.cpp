@@ -84,6 +84,11 @@ void Core::bind_thread(Inbox& inbox) { producer().own_inbox = &inbox; }
 
 Ring& Producer::new_ring_to(Inbox& dest) { return core.new_ring(*this, dest); }
 
+void Core::on_stop(absl::AnyInvocable<void()> hook) {
+  std::lock_guard lock(mu);
+  stop_hooks_.push_back(std::move(hook));
+}
+
 bool WaiterBase::wait_until(Clock::time_point deadline) {
   while (true) {
     uint32_t s = state.load(std::memory_order_acquire);  // pairs with the release in fulfil()
@@ -521,6 +526,7 @@ absl::Status Core::stop() {
       if (p->calling)
         p->calling->cancel(absl::CancelledError("bus: stopped before the reply arrived"));
     }
+    for (auto& hook : stop_hooks_) hook();
   }
   exit_.store(true, std::memory_order_release);  // now executors leave their loops
   for (Inbox* e : executors_) e->wake();

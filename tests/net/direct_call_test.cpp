@@ -199,6 +199,12 @@ TEST(DirectCall, StoppingTheCallersNodeCancelsACallInFlight) {
   EXPECT_FALSE(p.bus_b.call(echo_ep, ask("y"), 1s).ok());
 }
 
+TEST(DirectCall, StoppingTheCallersBusCancelsACallInFlight) {
+  Pair p;
+  absl::StatusOr<StatsReply> rep = interrupted_call(p, [&] { ASSERT_TRUE(p.bus_b.stop().ok()); });
+  EXPECT_EQ(rep.status().code(), absl::StatusCode::kCancelled) << rep.status();
+}
+
 TEST(DirectCall, ACallWaitingOnANodeThatLeavesFailsAtOnce) {
   Pair p;
   // The server node says goodbye while its handler is still busy.

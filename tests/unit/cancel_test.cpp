@@ -205,11 +205,13 @@ int calls_after_self_cancel(bool batched, int n) {
 }
 
 TEST(Cancel, ASubscriberCancelledInItsHandlerGetsNothingAfterThatHandler) {
+  Watchdog watchdog("ASubscriberCancelledInItsHandlerGetsNothingAfterThatHandler", 120s);
   EXPECT_EQ(calls_after_self_cancel(/*batched=*/true, 200), 1) << "published in a Batch";
   EXPECT_EQ(calls_after_self_cancel(/*batched=*/false, 100), 1) << "published one by one";
 }
 
 TEST(Cancel, ASubscriberMayFreeWhatItsHandlerUsesAfterCancellingInIt) {
+  Watchdog watchdog("ASubscriberMayFreeWhatItsHandlerUsesAfterCancellingInIt", 120s);
   // The handler owns its state through the subscription's holder; cancelling and freeing it in
   // the handler must leave no later call on freed memory (ASan sees one).
   struct State {
@@ -241,6 +243,7 @@ TEST(Cancel, ASubscriberMayFreeWhatItsHandlerUsesAfterCancellingInIt) {
 }
 
 TEST(Cancel, ASubscriberCancelledByAnotherOnItsExecutorIsNotCalledAgain) {
+  Watchdog watchdog("ASubscriberCancelledByAnotherOnItsExecutorIsNotCalledAgain", 120s);
   // Two subscribers of one topic on one executor: the first cancels the second in its first
   // call. The second is not called for that message, nor for any after it.
   Gate gate;
@@ -267,6 +270,7 @@ TEST(Cancel, ASubscriberCancelledByAnotherOnItsExecutorIsNotCalledAgain) {
 }
 
 TEST(Cancel, AConsumerCancelledInItsHandlerHandsTheRestToAnother) {
+  Watchdog watchdog("AConsumerCancelledInItsHandlerHandsTheRestToAnother", 120s);
   Gate gate;
   std::atomic<int> mine{0}, other{0};
   bus::Bus bus(bus::Options().executors(2));
@@ -287,13 +291,15 @@ TEST(Cancel, AConsumerCancelledInItsHandlerHandsTheRestToAnother) {
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_EQ(mine.load(), 1);
   EXPECT_EQ(other.load(), 99);
-  const auto* c = bus.stats().channel("cancel_test.jobs");
+  const bus::Stats stats = bus.stats();
+  const auto* c = stats.channel("cancel_test.jobs");
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->unrouted, 0u);
   EXPECT_EQ(c->delivered, 100u);
 }
 
 TEST(Cancel, AServerCancelledInItsHandlerAnswersNoMoreRequests) {
+  Watchdog watchdog("AServerCancelledInItsHandlerAnswersNoMoreRequests", 120s);
   Gate gate;
   std::atomic<int> served{0};
   bus::Bus bus(bus::Options().executors(2));
@@ -308,15 +314,20 @@ TEST(Cancel, AServerCancelledInItsHandlerAnswersNoMoreRequests) {
       },
       bus::on_executor(0)));
   std::atomic<int> ok{0}, unavailable{0};
-  for (int i = 0; i < 20; ++i) {
-    bus.request(asks, i, 30s, [&](absl::StatusOr<int> r) {
-      if (r.ok()) {
-        ok++;
-      } else if (r.status().code() == absl::StatusCode::kUnavailable) {
-        unavailable++;
-      }
-    });
-  }
+  // Asked from executor 1: executor 0 is held by the first request's handler.
+  ASSERT_TRUE(bus.post(bus::on_executor(1),
+                       [&] {
+                         for (int i = 0; i < 20; ++i) {
+                           bus.request(asks, i, 30s, [&](absl::StatusOr<int> r) {
+                             if (r.ok()) {
+                               ok++;
+                             } else if (r.status().code() == absl::StatusCode::kUnavailable) {
+                               unavailable++;
+                             }
+                           });
+                         }
+                       })
+                  .ok());
   ASSERT_TRUE(eventually([&] {
     return bus.stats().channel("cancel_test.asks") != nullptr &&
            bus.stats().channel("cancel_test.asks")->published == 20;
@@ -330,6 +341,7 @@ TEST(Cancel, AServerCancelledInItsHandlerAnswersNoMoreRequests) {
 }
 
 TEST(Cancel, ATimerCancelledFromAnotherExecutorNeverFiresAfterTheCancelReturned) {
+  Watchdog watchdog("ATimerCancelledFromAnotherExecutorNeverFiresAfterTheCancelReturned", 120s);
   bus::Bus bus(bus::Options().executors(2));
   for (int round = 0; round < 200; ++round) {
     std::atomic<bool> cancelled{false};

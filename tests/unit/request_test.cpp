@@ -480,7 +480,8 @@ TEST(Request, ACallEndsByItsDeadlineWhenTheServersRingIsFull) {
   gate.open();
   ASSERT_TRUE(bus.stop().ok());
   EXPECT_FALSE(handler_ran.load()) << "the requests never entered the ring";
-  const auto* c = bus.stats().channel("request_test.held_up");
+  const bus::Stats stats = bus.stats();
+  const auto* c = stats.channel("request_test.held_up");
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->published, 3u);
   EXPECT_EQ(c->failed, 3u) << "a request refused for want of room by its deadline is failed";

@@ -293,6 +293,11 @@ class Core {
   /// Returns false when nothing runs on the owner any more (the bus has stopped): the caller
   /// then cleans up itself.
   bool cancel_on(Inbox& owner, absl::AnyInvocable<void()> now, absl::AnyInvocable<void()> later);
+
+  /// `hook` runs once stop() has found nothing in flight, where it ends plain threads' pending
+  /// calls: for calls that wait elsewhere (another node's, bus::net). Runs under `mu`: it must
+  /// not call back into the bus.
+  void on_stop(absl::AnyInvocable<void()> hook);
   Ring& new_ring(Producer& p, Inbox& dest);
 
   /// Plain threads: announce a publish so stop() can wait for it. Returns false if stopping.
@@ -514,6 +519,7 @@ class Core {
   std::vector<std::unique_ptr<ChannelState>> states_;
   std::vector<std::string> logged_;
   std::vector<uint64_t> last_started_;  // ticks_started seen by the last quiescent wave
+  std::vector<absl::AnyInvocable<void()>> stop_hooks_;  // under mu
 
   // constinit: no dynamic initialisation, so other translation units read them directly rather
   // than through a TLS wrapper call (cheaper, and UBSan mis-reports the wrapper as a null load).

@@ -153,6 +153,10 @@ class Link {
 /// Bus internals the bridge needs (remote proxies are consumers the bus routes to).
 struct BusAccess {
   static bus::detail::Inbox& inbox(ExternalInbox& x) { return *x.inbox_; }
+  /// See Core::on_stop.
+  static void on_stop(Bus& bus, absl::AnyInvocable<void()> hook) {
+    bus.core_->on_stop(std::move(hook));
+  }
   static void mark_bridge_thread(Bus& bus) {
     auto& p = bus.core_->producer();
     p.bridge_thread = true;
