@@ -53,7 +53,7 @@ struct TimerId {
 /// moment finishes first: a cancel from the handler's own executor (one of its own handlers),
 /// and a cancel of a handler that is itself waiting, through other executors' cancels, for the
 /// caller's executor (a cycle no wait could end). Messages the caller sent before cancel()
-/// still reach the handler, but in that cycle. cancel() never deadlocks; from another thread
+/// still reach the handler, except in that cycle. cancel() never deadlocks; from another thread
 /// to an ExternalInbox's handler it does not wait, and takes effect when that loop next drains.
 class [[nodiscard]] Subscription {
  public:
@@ -611,8 +611,8 @@ class Service {
   /// registrations are removed (queue and endpoint traffic goes to the other consumers, or
   /// fails with Unavailable), and its state is destroyed on its executor. From another thread,
   /// returns once that is done; from one of its own handlers, the state goes when that handler
-  /// returns. Requests it made that are still in flight are dropped when their replies come.
-  /// Idempotent.
+  /// returns (and so in a cycle of cancels: see Subscription). Never deadlocks. Requests it made
+  /// that are still in flight are dropped when their replies come. Idempotent.
   void stop() { bus_->stop_service(*life_, executor_); }
 
  private:
