@@ -117,6 +117,7 @@ class Session final : public Exchange, public std::enable_shared_from_this<Sessi
   static constexpr std::size_t kFirstRead = 512;
   std::optional<bh::request_parser<bh::string_body>> parser_;
   std::optional<Request> request_;  // what the route sees; views into parser_'s message
+  std::string absolute_target_;     // the origin-form of an absolute-form target
   std::string out_;                 // the response being sent
   std::size_t sent_ = 0;
   /// out_ keeps its capacity between responses up to this size.

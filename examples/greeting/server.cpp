@@ -18,6 +18,7 @@
 #include <memory>
 #include <sstream>
 
+#include "../usage.hpp"
 #include "greeting.hpp"
 
 ABSL_FLAG(std::string, address, "127.0.0.1", "address to listen on");
@@ -40,6 +41,9 @@ ABSL_FLAG(std::string, web, GREETING_WEB_DIR, "folder of the web page served at 
 using namespace greeting_app;
 
 int main(int argc, char** argv) {
+  examples::usage(
+      "the greeting example's HTTP server: GET /greeting/{name}, GET /services/myservice/ping, a "
+      "web page at / and its WebSocket at /bus");
   absl::ParseCommandLine(argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bus::Bus bus(bus::Options()

@@ -60,7 +60,7 @@ class Request {
 /// An HTTP response. Content-Length, Connection and HEAD are the server's business.
 struct Reply {
   unsigned status = 200;
-  std::string content_type = "application/json";
+  std::string content_type = "application/json";  // empty: no Content-Type (no content)
   std::string body;
   /// More header fields (Retry-After, Location, ...). The server sets Content-Type,
   /// Content-Length, Connection and Allow itself.
