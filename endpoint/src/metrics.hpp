@@ -44,6 +44,8 @@ struct IoCounters {
   std::atomic<uint64_t> refused{0};
   std::atomic<uint64_t> timed_out{0};
   std::atomic<uint64_t> bad_requests{0};
+  std::atomic<uint64_t> tls_handshakes{0};
+  std::atomic<uint64_t> tls_failed{0};  // handshakes that failed or timed out
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> waiting{0};  // a gauge: requests waiting for their turn (max_in_flight)
 };

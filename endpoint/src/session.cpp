@@ -6,6 +6,7 @@
 #include <kj/compat/url.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -83,7 +84,17 @@ tcp::socket adopt(asio::io_context& ioc, int fd) {
 // ==== Session
 // ====================================================================================
 
-Session::Session(IoThread& io, int fd) : io_(io), fd_(fd) { io_.sessions.insert(this); }
+Session::Session(IoThread& io, int fd, SSL_CTX* tls) : io_(io), tls_(tls != nullptr) {
+  sock_.fd = fd;
+  io_.sessions.insert(this);
+  if (tls != nullptr) {
+    ssl_ = SSL_new(tls);  // holds a reference to its context: a reload leaves it as it is
+    if (ssl_ != nullptr) {
+      attach(ssl_, &sock_);
+      SSL_set_accept_state(ssl_);
+    }
+  }
+}
 
 Session::~Session() {
   close();  // a no-op unless the session never got to close its socket
@@ -93,24 +104,65 @@ Session::~Session() {
 void Session::start() {
   self_ = shared_from_this();
   int one = 1;  // a reply is one write: send it now
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (!io_.watch(fd_, this)) return close();
+  ::setsockopt(sock_.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (!io_.watch(sock_.fd, this)) return close();
+  if (tls_) {
+    if (ssl_ == nullptr) {
+      bump(io_.io.tls_failed);  // SSL_new failed (out of memory)
+      return close();
+    }
+    // The handshake must end within the read timeout, as a request must.
+    phase_ = Phase::kHandshake;
+    deadline_ = Clock::now() + io_.server.options.read_timeout();
+    return handshake();
+  }
   // The first request may be here already: the registration's first event says so.
   wait_for_request();
+}
+
+void Session::handshake() {
+  int rc = SSL_do_handshake(ssl_);
+  switch (tls_step(ssl_, rc)) {
+    case TlsStep::kDone:
+      bump(io_.io.tls_handshakes);
+      if (std::string subject = peer_subject(ssl_); !subject.empty()) {
+        // Every request on this connection comes from its certificate's subject.
+        auto p = std::make_shared<Principal>();
+        p->subject = std::move(subject);
+        client_principal_ = std::move(p);
+      }
+      return wait_for_request();
+    case TlsStep::kWantRead:
+    case TlsStep::kWantWrite: return;  // the poller calls again when the socket is ready
+    case TlsStep::kClosed:
+    case TlsStep::kFailed:
+      // Not TLS, a protocol or version it does not speak, a certificate it does not accept:
+      // nothing to answer in HTTP.
+      bump(io_.io.tls_failed);
+      return close();
+  }
 }
 
 void Session::close() {
   if (phase_ == Phase::kClosed) return;
   phase_ = Phase::kClosed;
   deadline_.reset();
-  if (fd_ >= 0) {
+  if (ssl_ != nullptr) {
+    // close_notify, once (the socket is non-blocking): the end of a TLS connection that the
+    // server chose, so that a client can tell it from a cut.
+    if (SSL_is_init_finished(ssl_) && sock_.fd >= 0) SSL_shutdown(ssl_);
+    SSL_free(ssl_);
+    ssl_ = nullptr;
+    ERR_clear_error();
+  }
+  if (sock_.fd >= 0) {
     // Leave the poller explicitly: close() alone leaves it only when no other descriptor refers
     // to the socket, and a fork() elsewhere in the process (a child before its exec) holds one
     // for a while: its events would then come for a session that is gone.
-    io_.unwatch(fd_);
-    ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);
-    fd_ = -1;
+    io_.unwatch(sock_.fd);
+    ::shutdown(sock_.fd, SHUT_RDWR);
+    ::close(sock_.fd);
+    sock_.fd = -1;
   }
   // Let go after the current handler: the poller may still hold this round's events for it.
   if (self_) asio::post(io_.ioc, [s = std::move(self_)] {});
@@ -118,10 +170,11 @@ void Session::close() {
 
 void Session::on_events(uint32_t events) {
   if (phase_ == Phase::kClosed) return;
-  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) readable_ = true;
-  if ((events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) peer_closed_ = true;
-  if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0) writable_ = true;
+  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) sock_.readable = true;
+  if ((events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) sock_.peer_closed = true;
+  if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0) sock_.writable = true;
   switch (phase_) {
+    case Phase::kHandshake: return handshake();
     case Phase::kIdle: return wait_for_request();
     case Phase::kReading: return parse();
     case Phase::kWriting: return send();
@@ -130,24 +183,42 @@ void Session::on_events(uint32_t events) {
 }
 
 Session::Received Session::receive(std::size_t want) {
-  if (!readable_) return Received::kNothing;
+  if (ssl_ != nullptr) return receive_tls(want);
+  if (!sock_.readable) return Received::kNothing;
   asio::mutable_buffer space = buffer_.prepare(want);
   for (;;) {
-    ssize_t n = ::recv(fd_, space.data(), space.size(), 0);
+    ssize_t n = ::recv(sock_.fd, space.data(), space.size(), 0);
     if (n > 0) {
       buffer_.commit(static_cast<std::size_t>(n));
       // Less than asked for: the socket is drained, and what arrives next is a new edge. Not so
       // when the peer's end was seen: the read that returns it is still to come.
-      if (static_cast<std::size_t>(n) < space.size() && !peer_closed_) readable_ = false;
+      if (static_cast<std::size_t>(n) < space.size() && !sock_.peer_closed) sock_.readable = false;
       return Received::kSome;
     }
     if (n == 0) return Received::kEnd;
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      readable_ = false;
+      sock_.readable = false;
       return Received::kNothing;
     }
     return Received::kFailed;
+  }
+}
+
+Session::Received Session::receive_tls(std::size_t want) {
+  // OpenSSL may hold a record already read (read-ahead) while the socket is drained.
+  if (!sock_.readable && SSL_has_pending(ssl_) == 0) return Received::kNothing;
+  asio::mutable_buffer space = buffer_.prepare(want);
+  int n = SSL_read(ssl_, space.data(), static_cast<int>(space.size()));
+  if (n > 0) {
+    buffer_.commit(static_cast<std::size_t>(n));
+    return Received::kSome;
+  }
+  switch (tls_step(ssl_, n)) {
+    case TlsStep::kWantRead:
+    case TlsStep::kWantWrite: return Received::kNothing;  // the poller calls again
+    case TlsStep::kClosed: return Received::kEnd;
+    default: return Received::kFailed;
   }
 }
 
@@ -355,7 +426,8 @@ void Session::dispatch() {
   }
 
   route_ = match->route;
-  request_.emplace(*method, target, msg.body(), std::move(match->params), std::move(query), &msg);
+  request_.emplace(*method, target, msg.body(), std::move(match->params), std::move(query), &msg,
+                   client_principal_);
   deadline_.reset();  // the route's deadline answers it, whether it waits for a turn or runs
   if (!io_.admit(*this)) {
     phase_ = Phase::kQueued;  // the I/O thread has max_in_flight requests out: wait for a turn
@@ -426,12 +498,24 @@ void Session::format(const Reply& reply, const std::string* allow) {
 }
 
 void Session::send() {
-  while (writable_) {
-    ssize_t n = ::send(fd_, out_.data() + sent_, out_.size() - sent_, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      return close();  // reset, ...
+  while (sock_.writable) {
+    ssize_t n;
+    if (ssl_ != nullptr) {
+      n = SSL_write(ssl_, out_.data() + sent_, static_cast<int>(out_.size() - sent_));
+      if (n <= 0) {
+        switch (tls_step(ssl_, static_cast<int>(n))) {
+          case TlsStep::kWantWrite: continue;  // the BIO found the socket full: ends the loop
+          case TlsStep::kWantRead: return;     // the poller's next event tries again
+          default: return close();
+        }
+      }
+    } else {
+      n = ::send(sock_.fd, out_.data() + sent_, out_.size() - sent_, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        return close();  // reset, ...
+      }
     }
     sent_ += static_cast<std::size_t>(n);
     if (sent_ == out_.size()) {
@@ -440,15 +524,15 @@ void Session::send() {
       return wait_for_request();
     }
   }
-  writable_ = false;  // the socket is full: the poller calls again when there is room
+  sock_.writable = false;  // the socket is full: the poller calls again when there is room
 }
 
-tcp::socket Session::hand_over() {
-  io_.unwatch(fd_);
-  tcp::socket socket = adopt(io_.ioc, fd_);
-  fd_ = -1;  // the WebSocket's now
+Handover Session::hand_over() {
+  io_.unwatch(sock_.fd);
+  Handover h{adopt(io_.ioc, sock_.fd), std::exchange(ssl_, nullptr), client_principal_};
+  sock_.fd = -1;  // the WebSocket's now
   close();
-  return socket;
+  return h;
 }
 
 // ==== IoThread
@@ -462,8 +546,7 @@ IoThread::IoThread(Server::Impl& s, unsigned i) : server(s), index(i) {
 
 IoThread::~IoThread() { join(); }
 
-void IoThread::start(const tcp::endpoint& at, std::mutex& mu, std::condition_variable& cv,
-                     bool& ready) {
+uint16_t IoThread::listen(tcp::acceptor& acceptor, const tcp::endpoint& at, const char* option) {
   beast::error_code ec;
   if (index == 0 && at.port() != 0) {
     // SO_REUSEPORT would let this server share a port another server (of the same user)
@@ -473,22 +556,29 @@ void IoThread::start(const tcp::endpoint& at, std::mutex& mu, std::condition_var
     if (!ec) probe.set_option(asio::socket_base::reuse_address(true), ec);
     if (!ec) probe.bind(at, ec);
   }
-  if (!ec) acceptor_.open(at.protocol(), ec);
-  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor.open(at.protocol(), ec);
+  if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) {
     // Every I/O thread listens on the same port; the kernel spreads the connections.
     using ReusePort = asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>;
-    acceptor_.set_option(ReusePort(true), ec);
+    acceptor.set_option(ReusePort(true), ec);
   }
-  if (!ec) acceptor_.bind(at, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (!ec) acceptor_.non_blocking(true, ec);
+  if (!ec) acceptor.bind(at, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) acceptor.non_blocking(true, ec);
   if (ec) {
     throw std::runtime_error("bus::http: cannot listen on " + at.address().to_string() + ":" +
                              std::to_string(at.port()) + ": " + ec.message() +
-                             " (is the port taken? choose another with ServerOptions::port)");
+                             " (is the port taken? choose another with " + option + ")");
   }
-  port_ = acceptor_.local_endpoint().port();
+  return acceptor.local_endpoint().port();
+}
+
+void IoThread::start(const std::optional<tcp::endpoint>& plain,
+                     const std::optional<tcp::endpoint>& tls, std::mutex& mu,
+                     std::condition_variable& cv, bool& ready) {
+  if (plain) port_ = listen(acceptor_, *plain, "ServerOptions::port");
+  if (tls) tls_port_ = listen(tls_acceptor_, *tls, "TlsOptions::port");
   int poller = ::epoll_create1(EPOLL_CLOEXEC);
   if (poller < 0) {
     throw std::runtime_error(std::string("bus::http: epoll_create1 failed: ") +
@@ -514,7 +604,8 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
     std::abort();  // the thread could never hear its replies
   }
   wait_for_connections();
-  accept();
+  if (acceptor_.is_open()) accept(acceptor_, false);
+  if (tls_acceptor_.is_open()) accept(tls_acceptor_, true);
   sweep();
   {
     // Notified under the lock: start() owns `cv` and may return (destroying it) once it sees
@@ -552,16 +643,16 @@ void IoThread::shutdown() {
   asio::post(ioc, [this] { begin_shutdown(); });
 }
 
-void IoThread::accept() {
+void IoThread::accept(tcp::acceptor& acceptor, bool tls) {
   // Waits for the listening socket, then takes what waits in its backlog, a bounded number per
   // round (like nginx's multi_accept): one accept per pass of the event loop would leave a burst
   // of new connections (10,000 at once) waiting behind every active one for many passes.
-  acceptor_.async_wait(tcp::acceptor::wait_read, [this](beast::error_code ec) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    for (int i = 0; !ec && i <= kAcceptBurst && acceptor_.is_open(); ++i) {
-      int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  acceptor.async_wait(tcp::acceptor::wait_read, [this, &acceptor, tls](beast::error_code ec) {
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+    for (int i = 0; !ec && i <= kAcceptBurst && acceptor.is_open(); ++i) {
+      int fd = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd >= 0) {
-        admit(fd);
+        admit(fd, tls);
         continue;
       }
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -572,23 +663,26 @@ void IoThread::accept() {
     if (ec) {
       // Out of descriptors or memory: try again shortly rather than spin on the error.
       std::fprintf(stderr, "bus::http: accept failed: %s\n", ec.message().c_str());
-      accept_retry_.expires_after(std::chrono::milliseconds(50));
-      accept_retry_.async_wait([this](beast::error_code e) {
-        if (!e && acceptor_.is_open()) accept();
+      auto& retry = tls ? tls_accept_retry_ : accept_retry_;
+      retry.expires_after(std::chrono::milliseconds(50));
+      retry.async_wait([this, &acceptor, tls](beast::error_code e) {
+        if (!e && acceptor.is_open()) accept(acceptor, tls);
       });
       return;
     }
-    accept();
+    accept(acceptor, tls);
   });
 }
 
-void IoThread::admit(int fd) {
+void IoThread::admit(int fd, bool tls) {
   if (server.open.fetch_add(1, std::memory_order_relaxed) >= server.options.max_connections()) {
     server.open.fetch_sub(1, std::memory_order_relaxed);
-    refuse(fd);
+    if (!tls) return refuse(fd);
+    bump(io.refused);  // a 503 in plain text would be garbage to a TLS client: just closed
+    ::close(fd);
   } else {
     bump(io.accepted);
-    std::make_shared<Session>(*this, fd)->start();
+    std::make_shared<Session>(*this, fd, tls ? tls_context->native_handle() : nullptr)->start();
   }
 }
 
@@ -725,6 +819,7 @@ void IoThread::sweep() {
     }
     for (Session* s : late) {
       bump(io.timed_out);
+      if (s->phase() == Session::Phase::kHandshake) bump(io.tls_failed);
       s->close();
     }
     sweep();
@@ -736,11 +831,16 @@ void IoThread::begin_shutdown() {
   draining = true;
   beast::error_code ignored;
   acceptor_.close(ignored);
+  tls_acceptor_.close(ignored);
   accept_retry_.cancel();
-  // Connections between requests (or in the middle of reading one) close now; those whose
-  // request is being answered finish it, with "Connection: close".
+  tls_accept_retry_.cancel();
+  // Connections between requests (or in the middle of reading one, or of their handshake)
+  // close now; those whose request is being answered finish it, with "Connection: close".
   for (Session* s : std::vector<Session*>(sessions.begin(), sessions.end())) {
-    if (s->phase() == Session::Phase::kIdle || s->phase() == Session::Phase::kReading) s->close();
+    if (s->phase() == Session::Phase::kIdle || s->phase() == Session::Phase::kReading ||
+        s->phase() == Session::Phase::kHandshake) {
+      s->close();
+    }
   }
   close_websockets(*this, /*now=*/false);  // "going away", with a closing handshake
   grace_timer_.expires_after(server.options.grace());

@@ -101,20 +101,35 @@ struct WsHub {
 void WsHubDeleter::operator()(WsHub* h) const { delete h; }
 WsHub* make_ws_hub() { return new WsHub; }
 
-class WsSession final : public std::enable_shared_from_this<WsSession> {
+/// A WebSocket connection as its thread's hub and shutdown see it, whatever its transport.
+class WsSession {
+ public:
+  virtual ~WsSession() = default;
+  /// Queues one message; nothing when the connection is closed or closes for it.
+  virtual void push(std::shared_ptr<const std::string> bytes, bool droppable) = 0;
+  virtual bool binary() const = 0;
+  /// Starts the closing handshake with `code` (graceful; the timeout bounds it).
+  virtual void close(websocket::close_code code, std::string_view why) = 0;
+  /// Closes the socket now.
+  virtual void drop() = 0;
+};
+
+/// One connection over `Stream`: beast::tcp_stream (ws://) or TlsStream (wss://).
+template <class Stream>
+class WsConn final : public WsSession, public std::enable_shared_from_this<WsConn<Stream>> {
  public:
   struct Item {
     std::shared_ptr<const std::string> bytes;
     bool droppable;
   };
 
-  WsSession(IoThread& io, tcp::socket socket, bool binary)
-      : io_(io), bridge_(*io.server.websocket), ws_(std::move(socket)), binary_(binary) {
+  WsConn(IoThread& io, Stream stream, bool binary)
+      : io_(io), bridge_(*io.server.websocket), ws_(std::move(stream)), binary_(binary) {
     io_.ws_sessions.insert(this);
     bump(io_.ws.open);
     bump(io_.ws.accepted);
   }
-  ~WsSession() {
+  ~WsConn() override {
     account(-static_cast<int64_t>(out_bytes_));
     io_.ws_sessions.erase(this);
     io_.ws.open.fetch_sub(1, std::memory_order_relaxed);
@@ -135,7 +150,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
       res.set(bh::field::server, "bus");
       if (binary) res.set(bh::field::sec_websocket_protocol, std::string(kBinaryProtocol));
     }));
-    ws_.async_accept(req, [self = shared_from_this()](beast::error_code ec) {
+    ws_.async_accept(req, [self = this->shared_from_this()](beast::error_code ec) {
       if (ec) return self->drop();
       self->open_ = true;
       if (self->closed_) {  // shut down during the handshake
@@ -147,8 +162,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
     });
   }
 
-  /// Queues one message; true unless the connection is closed or closes for it.
-  void push(std::shared_ptr<const std::string> bytes, bool droppable) {
+  void push(std::shared_ptr<const std::string> bytes, bool droppable) override {
     if (closed_) return;
     bump(io_.ws.messages_out);
     std::size_t max = bridge_.options().max_outbound_bytes();
@@ -158,7 +172,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
         // Closed after the topic's delivery loop (which called us) ends: closing leaves the
         // topic, and the loop must not see its list change under it.
         closed_ = true;
-        asio::post(ws_.get_executor(), [self = shared_from_this()] {
+        asio::post(ws_.get_executor(), [self = this->shared_from_this()] {
           if (!beast::get_lowest_layer(self->ws_).socket().is_open()) return;  // dropped since
           self->closed_ = false;
           self->close(websocket::close_code::policy_error,
@@ -188,7 +202,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
     write_more();
   }
 
-  bool binary() const { return binary_; }
+  bool binary() const override { return binary_; }
 
  private:
   void account(int64_t delta) {
@@ -198,8 +212,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
   }
 
  public:
-  /// Starts the closing handshake with `code` (graceful; the timeout bounds it).
-  void close(websocket::close_code code, std::string_view why) {
+  void close(websocket::close_code code, std::string_view why) override {
     if (closed_) return;
     closed_ = true;
     unsubscribe_all();
@@ -212,10 +225,9 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
       return;
     }
     ws_.async_close(websocket::close_reason(code, beast::string_view(why.data(), why.size())),
-                    [self = shared_from_this()](beast::error_code) {});
+                    [self = this->shared_from_this()](beast::error_code) {});
   }
-  /// Closes the socket now.
-  void drop() {
+  void drop() override {
     closed_ = true;
     unsubscribe_all();
     beast::error_code ignored;
@@ -224,7 +236,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
 
  private:
   void read() {
-    ws_.async_read(in_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+    ws_.async_read(in_, [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
       if (ec) {
         if (ec == websocket::error::message_too_big) bump(self->io_.ws.bad_frames);
         return self->drop();
@@ -380,7 +392,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
                                     : io_.server.options.deadline();
       io_.batch_round();
       ch->call(io_.server.bus, f.body, timeout,
-               [self = shared_from_this(), id = f.id](absl::StatusOr<WsMessage> rep) {
+               [self = this->shared_from_this(), id = f.id](absl::StatusOr<WsMessage> rep) {
                  --self->pending_calls_;
                  self->send_reply(id, rep);
                });
@@ -547,7 +559,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
     ws_.binary(binary_);
     bump(io_.ws.frames_out);
     ws_.async_write(asio::buffer(writing_buf_),
-                    [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                    [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
                       self->writing_ = false;
                       if (ec) return self->drop();
                       if (self->close_after_write_) {
@@ -561,7 +573,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
 
   IoThread& io_;
   const WebSocketBridge& bridge_;
-  websocket::stream<beast::tcp_stream> ws_;
+  websocket::stream<Stream> ws_;
   beast::flat_buffer in_;
   kj::Array<capnp::word> body_words_;
   const bool binary_;
@@ -578,7 +590,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
 };
 
 bool upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
-             const std::function<tcp::socket()>& take) {
+             const std::function<Handover()>& take) {
   auto& msg = parser.get();
   if (!websocket::is_upgrade(msg)) return false;
   bool binary = false;
@@ -588,7 +600,14 @@ bool upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
     if (absl::StripAsciiWhitespace(part) == av(kBinaryProtocol)) binary = true;
   }
   io.server.open.fetch_add(1, std::memory_order_relaxed);
-  std::make_shared<WsSession>(io, take(), binary)->start(parser.release());
+  Handover h = take();
+  if (h.ssl != nullptr) {
+    std::make_shared<WsConn<TlsStream>>(io, TlsStream(std::move(h.socket), h.ssl), binary)
+        ->start(parser.release());
+  } else {
+    std::make_shared<WsConn<beast::tcp_stream>>(io, beast::tcp_stream(std::move(h.socket)), binary)
+        ->start(parser.release());
+  }
   return true;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace bus::net {
@@ -11,6 +12,63 @@ class Node;
 }
 
 namespace bus::http {
+
+/// HTTPS (and WSS): a TLS listener of its own, beside the plain one or instead of it
+/// (ServerOptions::plain(false)). TLS 1.2 and 1.3 only, ALPN "http/1.1"; certificates are PEM
+/// files, read again by Server::reload_tls() (SIGHUP under run_until_signal()).
+///   bus::http::TlsOptions().port(8443).certificate_chain("fullchain.pem").private_key("key.pem")
+class TlsOptions {
+ public:
+  /// The TLS port; 0 picks a free one (Server::tls_port() tells which).
+  TlsOptions& port(uint16_t p) {
+    port_ = p;
+    return *this;
+  }
+  /// The server's certificate, then the intermediates that lead to a root clients trust.
+  TlsOptions& certificate_chain(std::string pem_file) {
+    certificate_chain_ = std::move(pem_file);
+    return *this;
+  }
+  /// The certificate's private key (RSA or EC), unencrypted.
+  TlsOptions& private_key(std::string pem_file) {
+    private_key_ = std::move(pem_file);
+    return *this;
+  }
+  /// mTLS: clients present a certificate issued by a CA in this file, or the handshake fails
+  /// (with require_client_certificate(false), one without a certificate is let in, one with a
+  /// bad certificate is not). The certificate's subject becomes the request's principal.
+  TlsOptions& client_ca(std::string pem_file) {
+    client_ca_ = std::move(pem_file);
+    return *this;
+  }
+  TlsOptions& require_client_certificate(bool r) {
+    require_client_certificate_ = r;
+    return *this;
+  }
+  /// The TLS 1.2 cipher suites, in OpenSSL's syntax (TLS 1.3's are OpenSSL's defaults).
+  /// Default: ECDHE with AES-GCM or ChaCha20-Poly1305 (Mozilla's "intermediate").
+  TlsOptions& ciphers(std::string list) {
+    ciphers_ = std::move(list);
+    return *this;
+  }
+
+  uint16_t port() const { return port_; }
+  const std::string& certificate_chain() const { return certificate_chain_; }
+  const std::string& private_key() const { return private_key_; }
+  const std::string& client_ca() const { return client_ca_; }
+  bool require_client_certificate() const { return require_client_certificate_; }
+  const std::string& ciphers() const { return ciphers_; }
+
+ private:
+  uint16_t port_ = 0;
+  std::string certificate_chain_;
+  std::string private_key_;
+  std::string client_ca_;
+  bool require_client_certificate_ = true;
+  std::string ciphers_ =
+      "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
+      "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
+};
 
 /// Server parameters, with fluent setters:
 ///   bus::http::ServerOptions().port(8080).io_threads(2).deadline(std::chrono::seconds(2))
@@ -93,6 +151,16 @@ class ServerOptions {
     health_timeout_ = d;
     return *this;
   }
+  /// Serves HTTPS too (or only, with plain(false)): see TlsOptions.
+  ServerOptions& tls(TlsOptions t) {
+    tls_ = std::move(t);
+    return *this;
+  }
+  /// Whether the plain HTTP listener (port()) runs; default true.
+  ServerOptions& plain(bool p) {
+    plain_ = p;
+    return *this;
+  }
   /// A bridge node whose peers /health and /metrics report. It must outlive the server.
   ServerOptions& node(const net::Node* n) {
     node_ = n;
@@ -114,6 +182,8 @@ class ServerOptions {
   Duration grace() const { return grace_; }
   Duration health_timeout() const { return health_timeout_; }
   const net::Node* node() const { return node_; }
+  const std::optional<TlsOptions>& tls() const { return tls_; }
+  bool plain() const { return plain_; }
 
  private:
   std::string address_ = "127.0.0.1";
@@ -131,6 +201,8 @@ class ServerOptions {
   Duration grace_ = std::chrono::seconds(10);
   Duration health_timeout_ = std::chrono::seconds(1);
   const net::Node* node_ = nullptr;
+  std::optional<TlsOptions> tls_;
+  bool plain_ = true;
 };
 
 }  // namespace bus::http

@@ -132,11 +132,13 @@ class Route {
 struct ServerStats {
   uint64_t connections_open = 0;
   uint64_t connections_accepted = 0;
-  uint64_t connections_refused = 0;    // over max_connections: answered 503 and closed
-  uint64_t connections_timed_out = 0;  // read, idle or write timeout
-  uint64_t requests = 0;               // answered, every status
-  uint64_t requests_waiting = 0;       // read, waiting for a turn (max_in_flight)
-  uint64_t bad_requests = 0;           // unparseable HTTP, headers or body over the limits
+  uint64_t connections_refused = 0;     // over max_connections: answered 503 and closed
+  uint64_t connections_timed_out = 0;   // read, idle or write timeout
+  uint64_t requests = 0;                // answered, every status
+  uint64_t requests_waiting = 0;        // read, waiting for a turn (max_in_flight)
+  uint64_t bad_requests = 0;            // unparseable HTTP, headers or body over the limits
+  uint64_t tls_handshakes = 0;          // completed
+  uint64_t tls_handshake_failures = 0;  // not TLS, nothing in common, a client certificate refused
 };
 
 class Server {
@@ -166,6 +168,12 @@ class Server {
   void start();
   /// The bound port once start() has bound it, 0 before; safe from any thread.
   uint16_t port() const;
+  /// The TLS listener's port once start() has bound it, 0 before or without TLS.
+  uint16_t tls_port() const;
+  /// Reads the TLS certificate chain, key and client CA files again: new connections get them,
+  /// open ones go on with theirs. When a file cannot be used the old ones stay and the status
+  /// says what is wrong. From any thread; run_until_signal() calls it on SIGHUP.
+  absl::Status reload_tls();
   /// Stops accepting, answers what is in flight within the grace period (with
   /// "Connection: close"), then closes every connection and stops the I/O threads. Idempotent,
   /// from any thread, returns at once.
@@ -173,8 +181,9 @@ class Server {
   /// Blocks until the server has stopped.
   void wait();
   /// start() if needed, then blocks until SIGINT or SIGTERM (or shutdown()), then shuts down
-  /// gracefully and returns. The signals are taken on the calling thread: the threads it starts
-  /// block them, and the caller's own signal mask is left as it was.
+  /// gracefully and returns. With TLS, SIGHUP reloads the certificates (reload_tls()). The
+  /// signals are taken on the calling thread: the threads it starts block them, and the caller's
+  /// own signal mask is left as it was.
   void run_until_signal();
 
   /// The WebSocket bridge, created on first use with `options` (later calls return it and
