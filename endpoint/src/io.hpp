@@ -21,6 +21,7 @@
 
 #include "bus/http/server.hpp"
 #include "bus/http/websocket.hpp"
+#include "jwt.hpp"
 #include "metrics.hpp"
 #include "router.hpp"
 #include "tls.hpp"
@@ -130,6 +131,7 @@ class Session final : public Exchange, public std::enable_shared_from_this<Sessi
   std::optional<bh::request_parser<bh::string_body>> parser_;
   std::optional<Request> request_;  // what the route sees; views into parser_'s message
   std::string absolute_target_;     // the origin-form of an absolute-form target
+  std::string_view cors_allowed_;   // Access-Control-Allow-Origin of this response, or empty
   std::string out_;                 // the response being sent
   std::size_t sent_ = 0;
   /// out_ keeps its capacity between responses up to this size.
@@ -180,6 +182,7 @@ struct Server::Impl {
   std::vector<Subscription> probe_servers;
 
   std::unique_ptr<WebSocketBridge> websocket;  // null: no WebSocket bridge
+  std::unique_ptr<detail::JwtVerifier> jwt;    // null: no bearer tokens
 
   void serve_health(const Request& req, Responder respond);
   Reply serve_metrics() const;
@@ -217,6 +220,14 @@ class IoThread {
   absl::flat_hash_set<WsSession*> ws_sessions;
   std::unique_ptr<WsHub, WsHubDeleter> ws_hub;
   ExternalInbox& inbox() { return *inbox_; }
+  /// The tokens this thread has verified (with ServerOptions::jwt).
+  std::optional<TokenCache> tokens;
+  /// A request's principal: its bearer token's (verified), or `fallback` (the connection's
+  /// client certificate's) when it has none. Unauthenticated when the token is refused.
+  absl::StatusOr<PrincipalPtr> authenticate(const bh::request<bh::string_body>& msg,
+                                            const PrincipalPtr& fallback);
+  /// The realm of WWW-Authenticate.
+  const std::string& realm() const;
   /// The context new TLS connections get: set before the thread starts, then replaced on this
   /// thread by Server::reload_tls (connections keep the one they began with).
   std::shared_ptr<asio::ssl::context> tls_context;
@@ -285,10 +296,21 @@ class IoThread {
   std::thread thread_;
 };
 
-/// A GET of the WebSocket path: upgrades the connection (taking the socket `take` gives and the
-/// request) and returns true, or false when it is not an upgrade request (`take` not called).
-bool upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
-             const std::function<Handover()>& take);
+/// A GET of the WebSocket path: upgrades the connection (taking what `take` gives, and the
+/// request) and returns nullopt; or, without calling `take`, the answer to write instead: 426
+/// for no upgrade request, 401 for a client without valid credentials, 403 for an Origin the
+/// server does not allow.
+std::optional<Reply> upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
+                             const PrincipalPtr& connection_principal,
+                             const std::function<Handover()>& take);
+/// 401 (RFC 6750 §3): `error` and `description` say what was wrong with the token; both empty
+/// when there was none.
+Reply unauthorized(std::string_view realm, std::string_view error, std::string_view description);
+/// 403: the token is valid but lacks `scope`.
+Reply forbidden(std::string_view realm, std::string_view scope);
+/// 403 when the request's Origin is not one the server's CORS rules allow (a browser's
+/// cross-site WebSocket), else nullopt.
+std::optional<Reply> cross_origin_refusal(IoThread& io, const bh::request<bh::string_body>& msg);
 /// Closes the thread's WebSocket connections: with a closing handshake, or `now`.
 void close_websockets(IoThread& io, bool now);
 

@@ -95,6 +95,15 @@ void http_metrics(const MetricsView& v, Writer& w) {
            "or ALPN protocol in common with none, a client certificate refused.");
   w.sample("bus_http_tls_handshake_failures_total", "",
            total([](const IoCounters& c) -> auto& { return c.tls_failed; }));
+  w.family("bus_http_auth_refused_total", "counter",
+           "Requests refused for their credentials: invalid_token (401), missing (401: a route "
+           "that requires a principal), insufficient_scope (403).");
+  w.sample("bus_http_auth_refused_total", "reason=\"invalid_token\"",
+           total([](const IoCounters& c) -> auto& { return c.auth_invalid; }));
+  w.sample("bus_http_auth_refused_total", "reason=\"missing\"",
+           total([](const IoCounters& c) -> auto& { return c.auth_missing; }));
+  w.sample("bus_http_auth_refused_total", "reason=\"insufficient_scope\"",
+           total([](const IoCounters& c) -> auto& { return c.auth_forbidden; }));
 
   w.family("bus_http_requests_total", "counter", "HTTP requests answered, by route and status.");
   for (std::size_t r = 0; r < routes.size(); ++r) {
@@ -330,6 +339,12 @@ void statsd_metrics(const MetricsView& v, StatsdSink& out) {
               total([](const IoCounters& c) -> auto& { return c.tls_handshakes; }));
   out.counter("http.tls.handshake_failures",
               total([](const IoCounters& c) -> auto& { return c.tls_failed; }));
+  out.counter("http.auth.invalid_token",
+              total([](const IoCounters& c) -> auto& { return c.auth_invalid; }));
+  out.counter("http.auth.missing",
+              total([](const IoCounters& c) -> auto& { return c.auth_missing; }));
+  out.counter("http.auth.insufficient_scope",
+              total([](const IoCounters& c) -> auto& { return c.auth_forbidden; }));
   out.gauge("http.requests.waiting",
             static_cast<double>(total([](const IoCounters& c) -> auto& { return c.waiting; })));
   if (v.websocket) {

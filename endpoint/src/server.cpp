@@ -43,10 +43,15 @@ void Server::add_route(detail::RouteSpec spec, Handler handler) {
 }
 
 Server& Server::handle(Method method, std::string_view path,
-                       std::function<Reply(const Request&)> handler) {
+                       std::function<Reply(const Request&)> handler,
+                       std::vector<std::string> scopes) {
   detail::RouteSpec spec;
   spec.method = method;
   spec.path = std::string(path);
+  for (std::string& scope : scopes) {
+    spec.access->authenticated = true;
+    if (!scope.empty()) spec.access->scopes.push_back(std::move(scope));
+  }
   add_route(std::move(spec), [h = std::move(handler)](const Request& req, Responder respond) {
     Reply r;
     try {
@@ -63,11 +68,11 @@ void Server::start() {
   Impl& s = *impl_;
   if (s.started) return;
   Impl* impl = impl_.get();
-  add_route(detail::RouteSpec{Method::kGet, "/health", "", nullptr, nullptr},
+  add_route(detail::RouteSpec{Method::kGet, "/health", "", nullptr, nullptr, nullptr},
             [impl](const Request& req, Responder respond) {
               impl->serve_health(req, std::move(respond));
             });
-  add_route(detail::RouteSpec{Method::kGet, "/metrics", "", nullptr, nullptr},
+  add_route(detail::RouteSpec{Method::kGet, "/metrics", "", nullptr, nullptr, nullptr},
             [impl](const Request&, Responder respond) { respond(impl->serve_metrics()); });
   for (std::size_t i = 0; i < s.entries.size(); ++i) {
     if (s.entries[i].spec.check) s.entries[i].spec.check(s.router.routes()[i].params);
@@ -97,6 +102,7 @@ void Server::start() {
   if (!plain && !tls) {
     throw std::invalid_argument("bus::http: no listener: plain(false) and no tls(...)");
   }
+  if (s.options.jwt()) s.jwt = std::make_unique<detail::JwtVerifier>(*s.options.jwt());
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::unique_ptr<bool>> ready;

@@ -1,5 +1,6 @@
 // Connections and I/O threads of the HTTP server (Boost.Beast on Asio).
 #include <absl/container/inlined_vector.h>
+#include <absl/strings/ascii.h>
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
@@ -16,7 +17,9 @@
 #include <boost/asio/write.hpp>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 
+#include "cors.hpp"
 #include "framing.hpp"
 #include "io.hpp"
 
@@ -42,6 +45,7 @@ bool is_http_error(const beast::error_code& ec) {
 }
 
 std::string_view view(beast::string_view s) { return {s.data(), s.size()}; }
+absl::string_view av(std::string_view s) { return {s.data(), s.size()}; }
 
 /// Whether a route's extra header field may be sent: not one the server sets itself, and
 /// nothing that would end the field early (a CR or LF would let a value inject fields).
@@ -67,6 +71,16 @@ bool header_allowed(std::string_view name, std::string_view value) {
   return !bad;
 }
 
+/// `s` fit for a quoted-string of WWW-Authenticate (RFC 6750 §3 allows no '"' or '\\' in
+/// error_description, and a token's kid is the client's text).
+std::string quotable(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') c = '?';
+  }
+  return out;
+}
+
 /// An Asio socket owning `fd`, a connected TCP socket (closed when Asio cannot take it).
 tcp::socket adopt(asio::io_context& ioc, int fd) {
   sockaddr_storage addr{};
@@ -80,6 +94,29 @@ tcp::socket adopt(asio::io_context& ioc, int fd) {
 }
 
 }  // namespace
+
+Reply unauthorized(std::string_view realm, std::string_view error, std::string_view description) {
+  Reply r = Reply::error(401, "unauthenticated",
+                         description.empty() ? "this route needs a bearer token" : description);
+  std::string challenge = absl::StrCat("Bearer realm=\"", quotable(realm), "\"");
+  if (!error.empty()) {
+    absl::StrAppend(&challenge, ", error=\"", av(error), "\", error_description=\"",
+                    quotable(description), "\"");
+  }
+  r.headers.emplace_back("WWW-Authenticate", std::move(challenge));
+  return r;
+}
+
+Reply forbidden(std::string_view realm, std::string_view scope) {
+  Reply r =
+      Reply::error(403, "forbidden",
+                   absl::StrCat("this route needs scope '", av(scope), "', which the token lacks"));
+  r.headers.emplace_back(
+      "WWW-Authenticate",
+      absl::StrCat("Bearer realm=\"", quotable(realm), "\", error=\"insufficient_scope\", scope=\"",
+                   quotable(scope), "\""));
+  return r;
+}
 
 // ==== Session
 // ====================================================================================
@@ -306,6 +343,7 @@ void Session::on_read(beast::error_code ec) {
 
 void Session::refuse(Reply reply, bool close_after) {
   bump(io_.io.bad_requests);
+  cors_allowed_ = {};
   route_ = io_.server.unmatched;
   close_after_ = close_after;
   if (parser_ && parser_->is_header_done()) {
@@ -323,6 +361,7 @@ void Session::dispatch() {
   version_ = msg.version();
   keep_alive_ = msg.keep_alive();
   close_after_ = false;
+  cors_allowed_ = {};
   head_ = msg.method() == bh::verb::head;
   std::optional<Method> method = method_of(msg.method());
   if (!method) {
@@ -334,6 +373,13 @@ void Session::dispatch() {
   }
 
   if (std::optional<Reply> bad = framing_error(msg)) return refuse(std::move(*bad), true);
+  const std::optional<CorsOptions>& cors = io_.server.options.cors();
+  if (cors) {
+    // A browser's cross-origin request: its answer says whether the page may read it.
+    if (auto origin = msg.find(bh::field::origin); origin != msg.end()) {
+      cors_allowed_ = allowed_origin(*cors, view(origin->value()));
+    }
+  }
 
   std::string_view target = view(msg.target());
   TargetForm form = classify_target(target);
@@ -368,10 +414,15 @@ void Session::dispatch() {
   if (const WebSocketBridge* ws = io_.server.websocket.get();
       ws != nullptr && target.substr(0, target.find('?')) == ws->options().path()) {
     route_ = io_.server.unmatched;
-    if (*method == Method::kGet && upgrade(io_, *parser_, [this] { return hand_over(); })) return;
-    return write(Reply::error(426, "upgrade_required",
-                              "GET " + ws->options().path() + " is a WebSocket: send an upgrade"),
-                 nullptr);
+    if (*method != Method::kGet) {
+      return write(Reply::error(426, "upgrade_required",
+                                "GET " + ws->options().path() + " is a WebSocket: send an upgrade"),
+                   nullptr);
+    }
+    std::optional<Reply> refused =
+        upgrade(io_, *parser_, client_principal_, [this] { return hand_over(); });
+    if (refused) return write(std::move(*refused), nullptr);
+    return;
   }
   // A request path of up to 8 segments takes no allocation (a std::vector took two for
   // /greeting/{name}, growing).
@@ -406,6 +457,28 @@ void Session::dispatch() {
   }
   Router::Miss miss;
   std::optional<Router::Match> match = io_.server.router.match(*method, path, &miss);
+  if (cors && *method == Method::kOptions && !match) {
+    auto requested = msg.find(bh::field::access_control_request_method);
+    auto origin = msg.find(bh::field::origin);
+    if (requested != msg.end() && origin != msg.end()) {
+      // A preflight: answered here, before any credentials (browsers send none with it).
+      route_ = io_.server.unmatched;
+      if (cors_allowed_.empty()) {
+        return write(Reply::error(403, "forbidden",
+                                  absl::StrCat("CORS: origin ", av(view(origin->value())),
+                                               " is not allowed")),
+                     nullptr);
+      }
+      if (!miss.path_known) {
+        return write(Reply::error(404, "not_found", "no route for " + std::string(target)),
+                     nullptr);
+      }
+      std::string_view allowed = std::exchange(cors_allowed_, {});  // the preflight's own fields
+      return write(preflight(*cors, allowed, miss.allow, view(requested->value()),
+                             view(msg[bh::field::access_control_request_headers])),
+                   nullptr);
+    }
+  }
   if (!match) {
     route_ = io_.server.unmatched;
     if (miss.path_known && *method == Method::kOptions) {
@@ -426,8 +499,33 @@ void Session::dispatch() {
   }
 
   route_ = match->route;
+  PrincipalPtr principal = client_principal_;
+  if (io_.tokens) {
+    absl::StatusOr<PrincipalPtr> who = io_.authenticate(msg, client_principal_);
+    if (!who.ok()) {
+      bump(io_.io.auth_invalid);
+      absl::string_view why = who.status().message();
+      return write(
+          unauthorized(io_.realm(), "invalid_token", std::string_view(why.data(), why.size())),
+          nullptr);
+    }
+    principal = *std::move(who);
+  }
+  if (const Access* access = io_.server.entries[route_].spec.access.get();
+      access != nullptr && access->authenticated) {
+    if (principal == nullptr) {
+      bump(io_.io.auth_missing);
+      return write(unauthorized(io_.realm(), "", ""), nullptr);
+    }
+    for (const std::string& scope : access->scopes) {
+      if (!principal->has_scope(scope)) {
+        bump(io_.io.auth_forbidden);
+        return write(forbidden(io_.realm(), scope), nullptr);
+      }
+    }
+  }
   request_.emplace(*method, target, msg.body(), std::move(match->params), std::move(query), &msg,
-                   client_principal_);
+                   std::move(principal));
   deadline_.reset();  // the route's deadline answers it, whether it waits for a turn or runs
   if (!io_.admit(*this)) {
     phase_ = Phase::kQueued;  // the I/O thread has max_in_flight requests out: wait for a turn
@@ -439,6 +537,10 @@ void Session::dispatch() {
 void Session::invoke() {
   phase_ = Phase::kHandling;
   io_.batch_round();
+  // The route's bus requests carry its principal. A copy: an answer given at once resets
+  // request_ while the handler still runs.
+  PrincipalPtr principal = request_->shared_principal();
+  PrincipalScope acting_for(principal);
   io_.server.entries[route_].handler(*request_, Responder(shared_from_this(), ++ticket_));
 }
 
@@ -480,6 +582,7 @@ void Session::format(const Reply& reply, const std::string* allow) {
     out_ = io_.status_line(version_, reply.status);  // no content (OPTIONS)
   }
   if (allow != nullptr) absl::StrAppend(&out_, "Allow: ", *allow, "\r\n");
+  if (!cors_allowed_.empty()) append_cors_fields(*io_.server.options.cors(), cors_allowed_, out_);
   for (const auto& [name, value] : reply.headers) {
     if (!header_allowed(name, value)) continue;
     absl::StrAppend(&out_, name, ": ", value, "\r\n");
@@ -533,6 +636,20 @@ Handover Session::hand_over() {
   sock_.fd = -1;  // the WebSocket's now
   close();
   return h;
+}
+
+std::optional<Reply> cross_origin_refusal(IoThread& io, const bh::request<bh::string_body>& msg) {
+  auto origin = msg.find(bh::field::origin);
+  if (origin == msg.end()) return std::nullopt;  // not a browser
+  std::string_view from = view(origin->value());
+  if (same_origin(from, view(msg[bh::field::host]))) return std::nullopt;
+  if (const auto& cors = io.server.options.cors(); cors && !allowed_origin(*cors, from).empty()) {
+    return std::nullopt;
+  }
+  // A page of another site would act with this browser's cookies and certificates.
+  bump(io.ws.refused);
+  return Reply::error(403, "forbidden",
+                      absl::StrCat("origin ", av(from), " may not open a WebSocket here"));
 }
 
 // ==== IoThread
@@ -593,6 +710,7 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
   std::snprintf(name, sizeof name, "bus-http-%u", index);
   pthread_setname_np(pthread_self(), name);
   inbox_.emplace(server.bus);  // this thread's bus inbox: replies to its requests come here
+  if (server.jwt) tokens.emplace(*server.jwt);
   ws_hub.reset(make_ws_hub());
   // The inbox's eventfd is in the connection poller too (its events carry no session): replies
   // are taken in the same rounds as the connections' events, without a wait of their own.
@@ -857,6 +975,27 @@ void IoThread::forget(Session* s) {
   sessions.erase(s);
   server.open.fetch_sub(1, std::memory_order_relaxed);
   if (draining && sessions.empty() && ws_sessions.empty()) finish();
+}
+
+absl::StatusOr<PrincipalPtr> IoThread::authenticate(const bh::request<bh::string_body>& msg,
+                                                    const PrincipalPtr& fallback) {
+  if (!tokens) return fallback;
+  auto it = msg.find(bh::field::authorization);
+  if (it == msg.end()) return fallback;
+  std::string_view value = view(it->value());
+  // The scheme is case-insensitive (RFC 9110 §11.1); others (Basic) are the route's business.
+  if (value.size() < 7 || value[6] != ' ' ||
+      !absl::EqualsIgnoreCase(absl::string_view(value.data(), 6), "Bearer")) {
+    return fallback;
+  }
+  absl::string_view token =
+      absl::StripAsciiWhitespace(absl::string_view(value.data() + 7, value.size() - 7));
+  return tokens->verify(std::string_view(token.data(), token.size()), ::time(nullptr));
+}
+
+const std::string& IoThread::realm() const {
+  static const std::string kDefault = "bus";
+  return server.jwt ? server.jwt->options().realm() : kDefault;
 }
 
 const std::string& IoThread::status_line(unsigned version, unsigned status) {

@@ -14,6 +14,7 @@
 #include <absl/strings/strip.h>
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <kj/compat/url.h>
 
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/websocket.hpp>
@@ -52,8 +53,7 @@ const detail::WsChannel* WebSocketBridge::find(std::string_view name) const {
 
 bool WebSocketBridge::permitted(Permit what, std::string_view name) const {
   for (const Rule& r : rules_) {
-    if (r.what != what) continue;
-    if (r.match == Match::kExact ? name == r.name : name.starts_with(r.name)) return true;
+    if (r.allows(what, name)) return true;
   }
   return false;
 }
@@ -123,8 +123,14 @@ class WsConn final : public WsSession, public std::enable_shared_from_this<WsCon
     bool droppable;
   };
 
-  WsConn(IoThread& io, Stream stream, bool binary)
-      : io_(io), bridge_(*io.server.websocket), ws_(std::move(stream)), binary_(binary) {
+  WsConn(IoThread& io, Stream stream, bool binary, PrincipalPtr principal,
+         std::vector<WebSocketBridge::Rule> granted)
+      : io_(io),
+        bridge_(*io.server.websocket),
+        ws_(std::move(stream)),
+        binary_(binary),
+        principal_(std::move(principal)),
+        granted_(std::move(granted)) {
     io_.ws_sessions.insert(this);
     bump(io_.ws.open);
     bump(io_.ws.accepted);
@@ -352,13 +358,13 @@ class WsConn final : public WsSession, public std::enable_shared_from_this<WsCon
       }
       if (f.op == "unsub") return unsubscribe(f.channel, true);
       if (f.op == "sub") {
-        if (!bridge_.permitted(Permit::kSubscribe, f.channel)) {
+        if (!permitted(Permit::kSubscribe, f.channel)) {
           return refuse("forbidden",
                         absl::StrCat("subscribing to '", f.channel, "' is not permitted"));
         }
         return subscribe(*ch);
       }
-      if (!bridge_.permitted(Permit::kPublish, f.channel)) {
+      if (!permitted(Permit::kPublish, f.channel)) {
         return refuse("forbidden",
                       absl::StrCat("publishing to '", f.channel, "' is not permitted"));
       }
@@ -376,7 +382,7 @@ class WsConn final : public WsSession, public std::enable_shared_from_this<WsCon
         return refuse("unknown_channel",
                       absl::StrCat("'", f.channel, "' is not an endpoint of this bridge"));
       }
-      if (!bridge_.permitted(Permit::kRequest, f.channel)) {
+      if (!permitted(Permit::kRequest, f.channel)) {
         return refuse("forbidden", absl::StrCat("calling '", f.channel, "' is not permitted"));
       }
       if (f.id.empty()) return bad({}, "call needs an id");
@@ -391,6 +397,7 @@ class WsConn final : public WsSession, public std::enable_shared_from_this<WsCon
                                     ? Clock::duration(std::chrono::milliseconds(f.timeout_ms))
                                     : io_.server.options.deadline();
       io_.batch_round();
+      PrincipalScope acting_for(principal_);  // the call carries the client's principal
       ch->call(io_.server.bus, f.body, timeout,
                [self = this->shared_from_this(), id = f.id](absl::StatusOr<WsMessage> rep) {
                  --self->pending_calls_;
@@ -587,28 +594,114 @@ class WsConn final : public WsSession, public std::enable_shared_from_this<WsCon
   std::optional<websocket::close_reason> close_after_write_;
   absl::flat_hash_set<std::string> subs_;
   std::size_t pending_calls_ = 0;
+  const PrincipalPtr principal_;                      // who the client is, or null
+  const std::vector<WebSocketBridge::Rule> granted_;  // what its token grants beyond permit()s
+
+  bool permitted(Permit what, std::string_view name) const {
+    if (bridge_.permitted(what, name)) return true;
+    for (const auto& r : granted_) {
+      if (r.allows(what, name)) return true;
+    }
+    return false;
+  }
 };
 
-bool upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
-             const std::function<Handover()>& take) {
+namespace {
+
+/// What the `claim` of a token grants: {"subscribe": [...], "publish": [...], "request": [...]}.
+std::vector<WebSocketBridge::Rule> granted_by(const Principal& p, const std::string& claim) {
+  std::vector<WebSocketBridge::Rule> out;
+  if (p.claims.empty()) return out;
+  capnp::MallocMessageBuilder b;
+  auto root = b.initRoot<capnp::JsonValue>();
+  try {
+    codec().decodeRaw(kj::ArrayPtr<const char>(p.claims.data(), p.claims.size()), root);
+  } catch (const kj::Exception&) {
+    return out;  // verified claims are JSON: not reached
+  }
+  if (!root.isObject()) return out;
+  for (auto f : root.asReader().getObject()) {
+    if (f.getName() != claim.c_str() || !f.getValue().isObject()) continue;
+    for (auto dir : f.getValue().getObject()) {
+      std::string_view d(dir.getName().cStr(), dir.getName().size());
+      Permit what = d == "subscribe" ? Permit::kSubscribe
+                    : d == "publish" ? Permit::kPublish
+                    : d == "request" ? Permit::kRequest
+                                     : Permit{0};
+      if (what == Permit{0} || !dir.getValue().isArray()) continue;
+      for (auto name : dir.getValue().getArray()) {
+        if (!name.isString()) continue;
+        std::string n(name.getString().cStr(), name.getString().size());
+        bool prefix = !n.empty() && n.back() == '*';
+        if (prefix) n.pop_back();
+        out.push_back({what, std::move(n), prefix ? Match::kPrefix : Match::kExact});
+      }
+    }
+  }
+  return out;
+}
+
+/// The `access_token` query parameter of `target`, if any.
+std::optional<std::string> access_token(std::string_view target) {
+  if (target.find('?') == std::string_view::npos) return std::nullopt;
+  KJ_IF_MAYBE (url, kj::Url::tryParse(std::string(target), kj::Url::HTTP_REQUEST)) {
+    for (const auto& q : url->query) {
+      if (q.name == "access_token") return std::string(q.value.cStr(), q.value.size());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<Reply> upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
+                             const PrincipalPtr& connection_principal,
+                             const std::function<Handover()>& take) {
   auto& msg = parser.get();
-  if (!websocket::is_upgrade(msg)) return false;
+  const WebSocketOptions& o = io.server.websocket->options();
+  if (!websocket::is_upgrade(msg)) {
+    return Reply::error(426, "upgrade_required",
+                        "GET " + o.path() + " is a WebSocket: send an upgrade");
+  }
+  if (std::optional<Reply> refused = cross_origin_refusal(io, msg)) return refused;
+  // The client is who its token says (a header, or the access_token parameter that browsers
+  // can send), else who its certificate says.
+  absl::StatusOr<PrincipalPtr> who = io.authenticate(msg, connection_principal);
+  if (who.ok() && *who == connection_principal && io.tokens) {
+    std::string_view target(msg.target().data(), msg.target().size());
+    if (std::optional<std::string> token = access_token(target)) {
+      who = io.tokens->verify(*token, ::time(nullptr));
+    }
+  }
+  if (!who.ok()) {
+    bump(io.io.auth_invalid);
+    absl::string_view why = who.status().message();
+    return unauthorized(io.realm(), "invalid_token", std::string_view(why.data(), why.size()));
+  }
+  if (*who == nullptr && o.require_authentication()) {
+    bump(io.io.auth_missing);
+    return unauthorized(io.realm(), "", "");
+  }
   bool binary = false;
   for (auto part : absl::StrSplit(absl::string_view(msg[bh::field::sec_websocket_protocol].data(),
                                                     msg[bh::field::sec_websocket_protocol].size()),
                                   ',', absl::SkipWhitespace())) {
     if (absl::StripAsciiWhitespace(part) == av(kBinaryProtocol)) binary = true;
   }
+  std::vector<WebSocketBridge::Rule> granted;
+  if (*who != nullptr) granted = granted_by(**who, o.permissions_claim());
   io.server.open.fetch_add(1, std::memory_order_relaxed);
   Handover h = take();
   if (h.ssl != nullptr) {
-    std::make_shared<WsConn<TlsStream>>(io, TlsStream(std::move(h.socket), h.ssl), binary)
+    std::make_shared<WsConn<TlsStream>>(io, TlsStream(std::move(h.socket), h.ssl), binary,
+                                        std::move(*who), std::move(granted))
         ->start(parser.release());
   } else {
-    std::make_shared<WsConn<beast::tcp_stream>>(io, beast::tcp_stream(std::move(h.socket)), binary)
+    std::make_shared<WsConn<beast::tcp_stream>>(io, beast::tcp_stream(std::move(h.socket)), binary,
+                                                std::move(*who), std::move(granted))
         ->start(parser.release());
   }
-  return true;
+  return std::nullopt;
 }
 
 void close_websockets(IoThread& io, bool now) {

@@ -44,6 +44,9 @@ ABSL_FLAG(uint16_t, tls_port, 8443, "HTTPS port (with --tls_cert; 0 picks one)")
 ABSL_FLAG(std::string, tls_client_ca, "",
           "HTTPS: require client certificates issued by a CA in this PEM file (mTLS)");
 ABSL_FLAG(bool, plain, true, "serve plain HTTP on --port too (false: HTTPS only)");
+ABSL_FLAG(std::string, jwt_key, "",
+          "accept bearer JWTs signed with this PEM public key (RS256/ES256), and require one on "
+          "GET /greeting/{name}");
 
 using namespace greeting_app;
 
@@ -81,6 +84,9 @@ int main(int argc, char** argv) {
                      .yield_after_round(absl::GetFlag(FLAGS_yield_after_round))
                      .plain(absl::GetFlag(FLAGS_plain))
                      .node(node.get());
+  if (!absl::GetFlag(FLAGS_jwt_key).empty()) {
+    options.jwt(bus::http::JwtOptions().key_file(absl::GetFlag(FLAGS_jwt_key)));
+  }
   if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
     options.tls(bus::http::TlsOptions()
                     .port(absl::GetFlag(FLAGS_tls_port))
@@ -98,10 +104,12 @@ int main(int argc, char** argv) {
   } else {
     // The path parameter fills GreetingRequest.name; the reply is plain text, as Quarkus'. Each
     // greeting is also published on `greeted` (nearly free while nobody subscribes).
-    http.route(Method::kGet, "/greeting/{name}", greet).reply([&bus](const Greeting& g) {
-      (void)bus.publish(greeted, g);
-      return Reply::text(g->getMessage().cStr());
-    });
+    auto route =
+        http.route(Method::kGet, "/greeting/{name}", greet).reply([&bus](const Greeting& g) {
+          (void)bus.publish(greeted, g);
+          return Reply::text(g->getMessage().cStr());
+        });
+    if (!absl::GetFlag(FLAGS_jwt_key).empty()) route.require();
   }
   // The web page and its WebSocket: it may watch `greeting.greeted` and call `greeting`;
   // nothing else on the bus is reachable from a browser.

@@ -23,6 +23,7 @@
 #include "bus/detail/core.hpp"
 #include "bus/detail/targets.hpp"
 #include "bus/options.hpp"
+#include "bus/principal.hpp"
 #include "bus/stats.hpp"
 
 namespace bus {
@@ -1032,14 +1033,16 @@ void Bus::request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration t
                  std::forward<F>(callback));
     return;
   }
-  // A plain thread has no inbox for the reply: make the request from an executor.
+  // A plain thread has no inbox for the reply: make the request from an executor, for this
+  // thread's principal.
   auto cb = std::make_shared<std::decay_t<F>>(std::forward<F>(callback));
-  absl::Status st =
-      post(Placement{}, [this, &endpoint, req = Req(std::forward<R>(req)), deadline, cb]() mutable {
-        detail::Producer& ep = core_->producer();
-        request_from(ep, *ep.own_inbox, endpoint, std::move(req), deadline,
-                     [cb](absl::StatusOr<Rep> r) mutable { (*cb)(std::move(r)); });
-      });
+  absl::Status st = post(Placement{}, [this, &endpoint, req = Req(std::forward<R>(req)), deadline,
+                                       cb, principal = detail::current_principal()]() mutable {
+    PrincipalScope acting_for(principal);
+    detail::Producer& ep = core_->producer();
+    request_from(ep, *ep.own_inbox, endpoint, std::move(req), deadline,
+                 [cb](absl::StatusOr<Rep> r) mutable { (*cb)(std::move(r)); });
+  });
   if (!st.ok()) (*cb)(absl::StatusOr<Rep>(st));
 }
 
@@ -1073,7 +1076,8 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
         "Options::max_pending_requests); request to '", endpoint.name(), "' refused")));
     return;
   }
-  detail::RequestEnvelope<Req, Rep> env{std::move(req), corr, &home, nullptr, deadline};
+  detail::RequestEnvelope<Req, Rep> env{std::move(req), corr,     &home,
+                                        nullptr,        deadline, detail::current_principal()};
   auto& st = endpoint_state(endpoint);
   absl::Status s = to ? st.send_to(p, *to, std::move(env)) : st.route(p, std::move(env));
   c.leave(p);
@@ -1128,8 +1132,10 @@ absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req,
     return std::move(*rep);
   }
   auto waiter = std::make_shared<detail::Waiter<Rep>>();
-  absl::Status s = st.route_to(
-      p, t, detail::RequestEnvelope<Req, Rep>{std::move(request), 0, nullptr, waiter, deadline});
+  absl::Status s =
+      st.route_to(p, t,
+                  detail::RequestEnvelope<Req, Rep>{std::move(request), 0, nullptr, waiter,
+                                                    deadline, detail::current_principal()});
   c.leave(p);
   if (!s.ok()) return s;  // counted as failed by route()
   p.counters.add(endpoint.id(), detail::kPublished);

@@ -27,4 +27,36 @@ struct Principal {
 
 using PrincipalPtr = std::shared_ptr<const Principal>;
 
+namespace detail {
+// The principal of what this thread does now: a pointer to the PrincipalPtr of the innermost
+// PrincipalScope (trivial, so reading it costs a TLS load, not a guard check).
+inline thread_local const PrincipalPtr* tl_principal = nullptr;
+/// What a request made now carries.
+inline PrincipalPtr current_principal() {
+  return tl_principal != nullptr ? *tl_principal : PrincipalPtr();
+}
+}  // namespace detail
+
+/// The principal of the request being served: in a handler of an endpoint while it runs (and in
+/// the route functions of the HTTP server), null when the request carries none. Requests the
+/// handler makes meanwhile carry it on; a reply callback runs outside it.
+inline const Principal* principal() {
+  return detail::tl_principal != nullptr ? detail::tl_principal->get() : nullptr;
+}
+
+/// Makes `p` the principal of what the calling thread does in this scope: requests made in it
+/// carry `p`, and bus::principal() returns it. `p` must outlive the scope.
+class PrincipalScope {
+ public:
+  explicit PrincipalScope(const PrincipalPtr& p) : prev_(detail::tl_principal) {
+    detail::tl_principal = &p;
+  }
+  ~PrincipalScope() { detail::tl_principal = prev_; }
+  PrincipalScope(const PrincipalScope&) = delete;
+  PrincipalScope& operator=(const PrincipalScope&) = delete;
+
+ private:
+  const PrincipalPtr* prev_;
+};
+
 }  // namespace bus

@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "bus/http/auth.hpp"
 
 namespace bus::net {
 class Node;
@@ -68,6 +71,55 @@ class TlsOptions {
   std::string ciphers_ =
       "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
       "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
+};
+
+/// Cross-origin requests from browsers (the Fetch standard's CORS): which origins may call the
+/// server, with which methods and headers. The WebSocket bridge checks a browser's Origin
+/// against the same list.
+///   bus::http::CorsOptions().allow_origin("https://app.example").allow_credentials(true)
+class CorsOptions {
+ public:
+  /// An origin ("https://app.example", scheme://host[:port] as a browser sends it), or "*" for
+  /// any (not with credentials: then the caller's origin is echoed instead).
+  CorsOptions& allow_origin(std::string origin) {
+    origins_.push_back(std::move(origin));
+    return *this;
+  }
+  /// Request headers a page may send (preflight's Access-Control-Allow-Headers); default
+  /// "Authorization, Content-Type".
+  CorsOptions& allow_headers(std::string comma_separated) {
+    allow_headers_ = std::move(comma_separated);
+    return *this;
+  }
+  /// Response headers a page may read beyond the simple ones (e.g. "WWW-Authenticate,
+  /// Retry-After"); default none.
+  CorsOptions& expose_headers(std::string comma_separated) {
+    expose_headers_ = std::move(comma_separated);
+    return *this;
+  }
+  /// Whether pages may send cookies or HTTP authentication (Access-Control-Allow-Credentials).
+  CorsOptions& allow_credentials(bool c) {
+    allow_credentials_ = c;
+    return *this;
+  }
+  /// How long a browser may keep a preflight's answer (default 10 minutes).
+  CorsOptions& max_age(std::chrono::seconds s) {
+    max_age_ = s;
+    return *this;
+  }
+
+  const std::vector<std::string>& origins() const { return origins_; }
+  const std::string& allow_headers() const { return allow_headers_; }
+  const std::string& expose_headers() const { return expose_headers_; }
+  bool allow_credentials() const { return allow_credentials_; }
+  std::chrono::seconds max_age() const { return max_age_; }
+
+ private:
+  std::vector<std::string> origins_;
+  std::string allow_headers_ = "Authorization, Content-Type";
+  std::string expose_headers_;
+  bool allow_credentials_ = false;
+  std::chrono::seconds max_age_{600};
 };
 
 /// Server parameters, with fluent setters:
@@ -156,6 +208,18 @@ class ServerOptions {
     tls_ = std::move(t);
     return *this;
   }
+  /// Accepts bearer JWTs: a request with a valid one carries its principal to the handler, one
+  /// with an invalid one is answered 401; routes say what they require (Route::require).
+  ServerOptions& jwt(JwtOptions j) {
+    jwt_ = std::move(j);
+    return *this;
+  }
+  /// Answers CORS: see CorsOptions. Without it no response carries CORS headers, preflights are
+  /// plain OPTIONS, and the WebSocket bridge takes browsers from its own origin only.
+  ServerOptions& cors(CorsOptions c) {
+    cors_ = std::move(c);
+    return *this;
+  }
   /// Whether the plain HTTP listener (port()) runs; default true.
   ServerOptions& plain(bool p) {
     plain_ = p;
@@ -183,6 +247,8 @@ class ServerOptions {
   Duration health_timeout() const { return health_timeout_; }
   const net::Node* node() const { return node_; }
   const std::optional<TlsOptions>& tls() const { return tls_; }
+  const std::optional<JwtOptions>& jwt() const { return jwt_; }
+  const std::optional<CorsOptions>& cors() const { return cors_; }
   bool plain() const { return plain_; }
 
  private:
@@ -202,6 +268,8 @@ class ServerOptions {
   Duration health_timeout_ = std::chrono::seconds(1);
   const net::Node* node_ = nullptr;
   std::optional<TlsOptions> tls_;
+  std::optional<JwtOptions> jwt_;
+  std::optional<CorsOptions> cors_;
   bool plain_ = true;
 };
 
