@@ -16,6 +16,11 @@
 #   SERVERS ["bus direct nginx"]  PORT [18080] (bus; direct +1, nginx +2)  PAUSE [2] (seconds
 #   between measurements)  BUS_ARGS ["--spin_us 0"] (extra greeting_server flags for bus: its
 #   executor shares the I/O thread's cores, so it parks at once instead of spinning)  BUILD_DIR [build-bench]  JOBS [2]  OUT [bench/results/http-<date>-<commit>.txt]
+#   TLS [0]: 1 serves HTTPS only, bus and nginx with one certificate (EC P-256, made here with
+#   openssl) and the same TLS 1.2/1.3 protocols and ciphers (greeting_server's defaults)
+#   NEW_CONNECTION [0]: 1 makes every request a new connection ("Connection: close": wrk
+#   reconnects, with a full TLS handshake each time under TLS=1)  PATH_ [/greeting/Sergio]
+#   HEADER [""]: one more request header (e.g. "Authorization: Bearer ..." for the token cost)
 #
 # The whole log (machine, raw wrk output of every measurement, summary) is appended to OUT.
 set -euo pipefail
@@ -29,10 +34,14 @@ SERVERS=${SERVERS:-"bus direct nginx"}
 PORT=${PORT:-18080}
 BUS_ARGS=${BUS_ARGS-"--spin_us 0"}
 PAUSE=${PAUSE:-2}
+TLS=${TLS:-0}
+NEW_CONNECTION=${NEW_CONNECTION:-0}
+PATH_=${PATH_:-/greeting/Sergio}
+HEADER=${HEADER:-}
 build=${BUILD_DIR:-build-bench}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 out=${OUT:-bench/results/http-$(date +%F)-$commit.txt}
-reproduce="BUS_ARGS=\"$BUS_ARGS\" RUNS=$RUNS DURATION=$DURATION THREADS=\"$THREADS\" CONNS=\"$CONNS\" SERVERS=\"$SERVERS\" bash bench/run_http.sh"
+reproduce="BUS_ARGS=\"$BUS_ARGS\" RUNS=$RUNS DURATION=$DURATION THREADS=\"$THREADS\" CONNS=\"$CONNS\" SERVERS=\"$SERVERS\" TLS=$TLS NEW_CONNECTION=$NEW_CONNECTION PATH_=$PATH_${HEADER:+ HEADER=\"...\"} bash bench/run_http.sh"
 
 # --- dependencies and build (their output goes to $build/run_http-build.log, not to OUT) ---
 bash scripts/deps.sh wrk nginx-light
@@ -86,6 +95,22 @@ trap 'exit 143' TERM
 mkdir -p "$(dirname "$out")"
 exec > >(tee -a "$out") 2>&1
 
+scheme=http
+tls_args=() nginx_listen="" nginx_tls=""
+if ((TLS)); then
+  # One certificate for both servers, and the same protocols and ciphers.
+  scheme=https
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=localhost \
+    -keyout "$tmp/key.pem" -out "$tmp/cert.pem" 2>/dev/null
+  ciphers=ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305
+  tls_args=(--plain=false --tls_cert "$tmp/cert.pem" --tls_key "$tmp/key.pem")
+  nginx_listen=" ssl"
+  nginx_tls="ssl_certificate $tmp/cert.pem; ssl_certificate_key $tmp/key.pem; ssl_protocols TLSv1.2 TLSv1.3; ssl_ciphers $ciphers;"
+fi
+wrk_extra=()
+((NEW_CONNECTION)) && wrk_extra+=(-H "Connection: close")
+[[ -n $HEADER ]] && wrk_extra+=(-H "$HEADER")
+
 # --- the machine ---
 echo "=== run_http $(date -u '+%F %T UTC') ==="
 echo "reproduce: $reproduce"
@@ -134,6 +159,7 @@ start_server() {  # kind threads: sets server_pid
   case $kind in
     bus | direct)
       local args=(--port "$port" --io_threads "$t" --executors "$t" --max_connections 20000)
+      ((TLS)) && args+=(--tls_port "$port" "${tls_args[@]}")
       [[ $kind == direct ]] && args+=(--direct)
       [[ $kind == bus && -n ${BUS_ARGS:-} ]] && read -r -a extra <<<"$BUS_ARGS" && args+=("${extra[@]}")
       # taskset execs the program: $! is the server's pid.
@@ -141,7 +167,8 @@ start_server() {  # kind threads: sets server_pid
       ;;
     nginx)
       sed -e "s|@DIR@|$tmp/nginx|g" -e "s|@WORKERS@|$t|g" -e "s|@PORT@|$port|g" \
-        -e "s|@BACKLOG@|$backlog|g" bench/http/nginx.conf.in >"$tmp/nginx/nginx.conf"
+        -e "s|@BACKLOG@|$backlog|g" -e "s|@LISTEN_TLS@|$nginx_listen|g" -e "s|@TLS@|$nginx_tls|g" \
+        bench/http/nginx.conf.in >"$tmp/nginx/nginx.conf"
       # Foreground master (daemon off), so $! is the master and the workers are its children.
       taskset -c "$cpus" "$nginx_bin" -p "$tmp/nginx" -c "$tmp/nginx/nginx.conf" \
         -e "$tmp/nginx/error.log" -g 'daemon off;' >"$tmp/server.log" 2>&1 &
@@ -151,6 +178,10 @@ start_server() {  # kind threads: sets server_pid
 }
 
 answers() {  # port: true once GET /greeting/Sergio answers "Hello Sergio"
+  if ((TLS)); then
+    [[ $(curl -sk --max-time 1 "https://127.0.0.1:$1/greeting/Sergio") == *"Hello Sergio"* ]]
+    return
+  fi
   (
     exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
     printf 'GET /greeting/Sergio HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' >&3
@@ -196,7 +227,7 @@ measure() {  # run threads conns kind
     server_pid=
     row="NA\tNA\tNA\t0\t0\t0\t0\t0\tNA"
   else
-    local cmd=(wrk -t1 -c"$c" -d"${DURATION}s" --latency "http://127.0.0.1:$port/greeting/Sergio")
+    local cmd=(wrk -t1 -c"$c" -d"${DURATION}s" --latency "${wrk_extra[@]}" "$scheme://127.0.0.1:$port$PATH_")
     echo "taskset -c $(wrk_cpus "$t") ${cmd[*]}"
     taskset -c "$(wrk_cpus "$t")" "${cmd[@]}" >"$tmp/wrk.out" 2>&1 &
     wrk_pid=$!

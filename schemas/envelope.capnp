@@ -27,6 +27,8 @@ struct Envelope {
   replies @10 :List(ReplyItem);    # reply batch: one item per reply; frame 3 holds the payloads
                                    # of the items whose code is 0, in order, and `count` = their
                                    # number; correlation, code and detail above are not used
+  principal @11 :Principal;        # request (and every request of a batch): who it is for, as
+                                   # the edge authenticated them; absent: nobody in particular
 
   enum Kind {
     publish @0;    # PUB -> SUB: topic messages
@@ -35,6 +37,15 @@ struct Envelope {
     send @3;       # DEALER -> ROUTER: queue messages (each goes to one consumer)
     heartbeat @4;  # PUB -> SUB on the control topic: one Heartbeat payload
   }
+}
+
+# Who a request is for (bus::Principal): a bearer token's subject, issuer, scopes and claims, or
+# a client certificate's subject. The serving node trusts it as it trusts the sender (CURVE).
+struct Principal {
+  subject @0 :Text;
+  issuer @1 :Text;
+  scopes @2 :List(Text);
+  claims @3 :Text;         # the token's claims as JSON, or empty
 }
 
 # A request in a batch. Batches go only to nodes whose heartbeat says `batches`.

@@ -5,8 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The interop test runs a Python peer (pyzmq); the separate-hosts test uses ip netns; the HTTP
 # tests check /metrics with promtool (Debian's prometheus package) and call the example with curl;
-# the web page test drives headless Chromium through chromedriver.
-bash scripts/deps.sh python3 python3-zmq iproute2 prometheus curl chromium chromium-driver
+# the web page test drives headless Chromium through chromedriver; the HTTPS tests make
+# certificates with openssl, and the token tests mint JWTs with PyJWT (an implementation other
+# than the server's).
+bash scripts/deps.sh python3 python3-zmq iproute2 prometheus curl chromium chromium-driver \
+  openssl python3-jwt python3-cryptography
 build=${BUILD_DIR:-build}
 # CMAKE_ARGS may hold quoted values (compiler flags with spaces): let the shell parse it.
 # Explicit defaults first, so a cache left by another configuration cannot turn the tests off.

@@ -96,7 +96,8 @@ struct CallBatch {
     std::unique_ptr<PendingCall> pending;
   };
   Bridged* channel = nullptr;
-  std::string bytes;  // the requests' payloads, back to back
+  PrincipalPtr principal;  // every request of a batch is for one principal (or none)
+  std::string bytes;       // the requests' payloads, back to back
   std::vector<Call> calls;
 };
 
@@ -124,7 +125,7 @@ struct PeerState {
   std::deque<std::vector<zmq::message_t>> backlog;      // what its full pipe did not take yet
   absl::flat_hash_map<std::string, uint64_t> send_seq;  // queues: last seq sent to it per channel
   bool batches = false;          // its heartbeat says it reads request and reply batches
-  std::vector<CallBatch> calls;  // requests to it not sent yet, one batch per endpoint
+  std::vector<CallBatch> calls;  // requests to it not sent yet, a batch per endpoint and principal
 };
 
 /// A node's figures (what its StatsD source sends).
@@ -187,11 +188,11 @@ class Bridge final : public Link {
   void queue_publish(Bridged& channel, Outbox& out) override;
   bool oversized(const Bridged& channel, std::size_t bytes) override;
   void call(Bridged& channel, std::string payload, Clock::time_point deadline,
-            std::unique_ptr<PendingCall> pending) override;
+            PrincipalPtr principal, std::unique_ptr<PendingCall> pending) override;
   std::shared_ptr<DirectCalls> direct_calls() override { return lanes_; }
   /// call(), to node `to` (0: any live node serving the channel).
   void call_to(uint64_t to, Bridged& channel, std::string payload, Clock::time_point deadline,
-               std::unique_ptr<PendingCall> pending);
+               PrincipalPtr principal, std::unique_ptr<PendingCall> pending);
 
   // Untyped access (Node::tap, publish_raw, call_raw), on the bridge thread.
   void tap(std::string topic, RawHandler fn);
@@ -256,7 +257,7 @@ class Bridge final : public Link {
   /// Sends one request or a batch (`calls` in the order of `payloads`); fails them all when
   /// the peer takes nothing more.
   void send_calls(PeerState& peer, Bridged& channel, std::string_view payloads,
-                  std::span<CallBatch::Call> calls);
+                  std::span<CallBatch::Call> calls, const PrincipalPtr& principal);
   /// Sends peer.calls[i] (see send_calls()).
   void send_batch(PeerState& peer, std::size_t i);
   void flush_calls();

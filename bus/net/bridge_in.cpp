@@ -184,6 +184,8 @@ void Bridge::on_router(Parts& parts) {
   t.received += calls.size();
   // Bounded: a peer may send any 64-bit value (UINT64_MAX for "no deadline", say).
   constexpr uint64_t kMaxTimeoutUs = uint64_t{24} * 3600 * 1'000'000;
+  // The local servers (and what they request in turn) act for the envelope's principal.
+  PrincipalScope acting_for(env->principal);
   for (std::size_t i = 0; i < calls.size(); ++i) {
     uint64_t timeout = env->items.empty() ? env->timeout_us : env->items[i].timeout_us;
     ch.serve(*this, std::move(calls[i]), payloads.items()[i],

@@ -220,12 +220,12 @@ void Bridge::heartbeat(bool leaving) {
 }
 
 void Bridge::call(Bridged& channel, std::string payload, Clock::time_point deadline,
-                  std::unique_ptr<PendingCall> pending) {
-  call_to(0, channel, std::move(payload), deadline, std::move(pending));
+                  PrincipalPtr principal, std::unique_ptr<PendingCall> pending) {
+  call_to(0, channel, std::move(payload), deadline, std::move(principal), std::move(pending));
 }
 
 void Bridge::call_to(uint64_t to, Bridged& channel, std::string payload, Clock::time_point deadline,
-                     std::unique_ptr<PendingCall> pending) {
+                     PrincipalPtr principal, std::unique_ptr<PendingCall> pending) {
   if (oversized(channel, payload.size())) {
     pending->finish(
         absl::ResourceExhaustedError(absl::StrCat("bus.net: request of ", payload.size(),
@@ -253,15 +253,19 @@ void Bridge::call_to(uint64_t to, Bridged& channel, std::string payload, Clock::
   }
   if (!peer->batches) {
     CallBatch::Call one{deadline, std::move(pending)};
-    return send_calls(*peer, channel, payload, {&one, 1});
+    return send_calls(*peer, channel, payload, {&one, 1}, principal);
   }
   // Requests to one peer on one endpoint go out together when this pass ends: one frame, one
-  // envelope, one ZeroMQ message for the lot.
-  auto b = std::find_if(peer->calls.begin(), peer->calls.end(),
-                        [&](const CallBatch& c) { return c.channel == &channel; });
+  // envelope, one ZeroMQ message for the lot. The envelope names one principal: requests for
+  // another go in a batch of their own (the edge hands out one principal per token, so a
+  // client's requests share one).
+  auto b = std::find_if(peer->calls.begin(), peer->calls.end(), [&](const CallBatch& c) {
+    return c.channel == &channel && c.principal == principal;
+  });
   if (b == peer->calls.end()) {
     b = peer->calls.emplace(peer->calls.end());
     b->channel = &channel;
+    b->principal = std::move(principal);
   }
   b->bytes.append(payload);
   b->calls.push_back({deadline, std::move(pending)});
@@ -277,15 +281,17 @@ void Bridge::send_batch(PeerState& peer, std::size_t i) {
   Bridged& channel = *peer.calls[i].channel;
   std::string bytes = std::move(peer.calls[i].bytes);
   std::vector<CallBatch::Call> calls = std::move(peer.calls[i].calls);
+  PrincipalPtr principal = std::move(peer.calls[i].principal);
   peer.calls[i].bytes.clear();
   peer.calls[i].calls.clear();
-  send_calls(peer, channel, bytes, calls);
+  send_calls(peer, channel, bytes, calls, principal);
 }
 
 void Bridge::send_calls(PeerState& peer, Bridged& channel, std::string_view payloads,
-                        std::span<CallBatch::Call> calls) {
+                        std::span<CallBatch::Call> calls, const PrincipalPtr& principal) {
   if (calls.empty()) return;
   EnvelopeFields env;
+  env.principal = principal;
   env.kind = wire::Envelope::Kind::REQUEST;
   env.type_id = channel.type_id;
   env.sender = id_;
@@ -334,6 +340,10 @@ void Bridge::flush_calls() {
     for (std::size_t i = 0; i < peer.calls.size(); ++i) {
       if (!peer.calls[i].calls.empty()) send_batch(peer, i);
     }
+    // A batch per principal would pile up with every new client: only the principal-less ones
+    // (one per endpoint) are kept for their buffers.
+    std::erase_if(peer.calls,
+                  [](const CallBatch& b) { return b.principal != nullptr && b.calls.empty(); });
   }
 }
 

@@ -114,7 +114,7 @@ void Bridge::call_raw(std::string endpoint, uint64_t type_id, uint64_t reply_typ
     ch = std::make_unique<RawChannel>(Bridged::Role::kImportEndpoint, endpoint, type_id,
                                       reply_type_id);
   }
-  call_to(peer, *ch, std::move(payload), deadline,
+  call_to(peer, *ch, std::move(payload), deadline, nullptr,
           std::make_unique<RawCall>(std::move(endpoint), reply_type_id, std::move(done)));
 }
 

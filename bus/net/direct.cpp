@@ -234,6 +234,7 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
     env.sender = node_id_;
     env.count = 1;
     env.correlation = ++lane->last_correlation;
+    env.principal = bus::detail::current_principal();  // this thread's: it made the call
     auto left = deadline - Clock::now();
     env.timeout_us = left > Clock::duration::zero()
                          ? static_cast<uint64_t>(duration_cast<microseconds>(left).count())

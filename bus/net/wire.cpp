@@ -166,6 +166,14 @@ std::string encode_envelope(const EnvelopeFields& f) {
   e.setTimeoutUs(f.timeout_us);
   e.setCode(f.code);
   if (!f.detail.empty()) e.setDetail(f.detail);
+  if (f.principal != nullptr) {
+    auto p = e.initPrincipal();
+    p.setSubject(f.principal->subject);
+    p.setIssuer(f.principal->issuer);
+    auto scopes = p.initScopes(static_cast<unsigned>(f.principal->scopes.size()));
+    for (unsigned i = 0; i < scopes.size(); ++i) scopes.set(i, f.principal->scopes[i]);
+    p.setClaims(f.principal->claims);
+  }
   if (!f.items.empty()) {
     auto n = static_cast<unsigned>(f.items.size());
     if (f.kind == wire::Envelope::Kind::REQUEST) {
@@ -189,9 +197,10 @@ std::string encode_envelope(const EnvelopeFields& f) {
 }
 
 absl::StatusOr<EnvelopeFields> decode_envelope(const void* bytes, std::size_t size) {
-  // An envelope is small: a few words, plus up to kMaxBatchItems items of a batch (3 words and
+  // An envelope is small: a few words, a principal's names and claims (a few KiB at most), plus
+  // up to kMaxBatchItems items of a batch (3 words and
   // a detail text each). Anything over the bound is not one.
-  constexpr std::size_t kMaxBytes = 4096 + kMaxBatchItems * 64;
+  constexpr std::size_t kMaxBytes = 4096 + kMaxBatchItems * 64 + 32 * 1024;  // + a principal
   if (size < sizeof(capnp::word) || size % sizeof(capnp::word) != 0 || size > kMaxBytes) {
     return absl::InvalidArgumentError(absl::StrCat("envelope frame of ", size, " bytes"));
   }
@@ -226,6 +235,19 @@ absl::StatusOr<EnvelopeFields> decode_envelope(const void* bytes, std::size_t si
       return std::string(d.begin(), std::min<std::size_t>(d.size(), 1024));
     };
     if (e.hasDetail()) f.detail = text(e.getDetail());
+    if (e.hasPrincipal()) {
+      auto in = e.getPrincipal();
+      constexpr std::size_t kMaxScopes = 256, kMaxClaims = 16 * 1024;
+      if (in.getScopes().size() > kMaxScopes || in.getClaims().size() > kMaxClaims) {
+        return absl::InvalidArgumentError("a principal over the size limits");
+      }
+      auto p = std::make_shared<Principal>();
+      p->subject = text(in.getSubject());
+      p->issuer = text(in.getIssuer());
+      for (auto s : in.getScopes()) p->scopes.push_back(text(s));
+      p->claims = std::string(in.getClaims().cStr(), in.getClaims().size());
+      f.principal = std::move(p);
+    }
     // A batch's items, each read by `item(reader, BatchItem&)`.
     auto items = [&](auto list, const char* what, auto item) -> absl::Status {
       if (list.size() > kMaxBatchItems) {

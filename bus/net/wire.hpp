@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bus/net/detail/channels.hpp"
+#include "bus/principal.hpp"
 #include "bus/schemas/envelope.capnp.h"
 
 namespace bus::net::detail {
@@ -46,6 +47,7 @@ struct EnvelopeFields {
   std::string detail;
   // A request or reply batch (kind request or reply); empty for a single one.
   std::vector<BatchItem> items;
+  PrincipalPtr principal;  // requests: who they are for, or null
 };
 
 /// Frame 2: the envelope as one Cap'n Proto message.

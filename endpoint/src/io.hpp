@@ -21,8 +21,10 @@
 
 #include "bus/http/server.hpp"
 #include "bus/http/websocket.hpp"
+#include "jwt.hpp"
 #include "metrics.hpp"
 #include "router.hpp"
+#include "tls.hpp"
 
 namespace bus::http {
 
@@ -48,6 +50,13 @@ struct WsCounters {
       queued_bytes{0};
 };
 
+/// What a WebSocket takes over from an HTTP connection.
+struct Handover {
+  tcp::socket socket;
+  SSL* ssl;                // the established TLS session (owned now), or null
+  PrincipalPtr principal;  // the client certificate's (mTLS), or null
+};
+
 /// One connection: reads a request, has it answered, writes the reply, and again while the
 /// client keeps the connection alive. Pipelined requests wait in the buffer and are answered in
 /// order.
@@ -64,10 +73,11 @@ struct WsCounters {
 /// a closed one alive until it lets go.
 class Session final : public Exchange, public std::enable_shared_from_this<Session> {
  public:
-  enum class Phase { kIdle, kReading, kQueued, kHandling, kWriting, kClosed };
+  enum class Phase { kHandshake, kIdle, kReading, kQueued, kHandling, kWriting, kClosed };
 
-  /// Takes `fd`, a connected non-blocking TCP socket; start() registers it.
-  Session(IoThread& io, int fd);
+  /// Takes `fd`, a connected non-blocking TCP socket; start() registers it. With `tls` it is a
+  /// TLS connection of that context, and start() begins its handshake.
+  Session(IoThread& io, int fd, SSL_CTX* tls);
   ~Session() override;
   void start();
   void answer(uint64_t ticket, Reply&& reply) override;
@@ -89,6 +99,8 @@ class Session final : public Exchange, public std::enable_shared_from_this<Sessi
   void wait_for_request();
   /// Reads into buffer_ (at most `want` bytes) when the socket has something.
   Received receive(std::size_t want);
+  Received receive_tls(std::size_t want);
+  void handshake();
   void read_request();
   /// Parses what buffer_ holds into parser_, reading more while the socket has it.
   void parse();
@@ -101,22 +113,25 @@ class Session final : public Exchange, public std::enable_shared_from_this<Sessi
   void format(const Reply& reply, const std::string* allow);
   /// Sends what out_ has left; waits for the next EPOLLOUT when the socket is full.
   void send();
-  /// Gives the socket to the WebSocket bridge (a GET of its path with an upgrade).
-  tcp::socket hand_over();
+  /// Gives the socket (and TLS session) to the WebSocket bridge (a GET of its path with an
+  /// upgrade).
+  Handover hand_over();
 
   IoThread& io_;
-  int fd_;
+  const bool tls_;
+  // Readiness is cleared when a syscall finds the socket drained (or full), set by the poller's
+  // next event.
+  PolledSocket sock_;
+  SSL* ssl_ = nullptr;             // a TLS connection's, else null
+  PrincipalPtr client_principal_;  // its client certificate's subject (mTLS), or null
   std::shared_ptr<Session> self_;  // while open
-  // Edge-triggered readiness, as last seen: cleared when a syscall finds the socket drained
-  // (or full), set by the poller's next event.
-  bool readable_ = false;
-  bool writable_ = true;
-  bool peer_closed_ = false;  // EPOLLRDHUP/HUP seen: a read will find the end
   beast::flat_buffer buffer_;
   /// What an idle connection reads at once when its next request begins (most requests whole).
   static constexpr std::size_t kFirstRead = 512;
   std::optional<bh::request_parser<bh::string_body>> parser_;
   std::optional<Request> request_;  // what the route sees; views into parser_'s message
+  std::string absolute_target_;     // the origin-form of an absolute-form target
+  std::string_view cors_allowed_;   // Access-Control-Allow-Origin of this response, or empty
   std::string out_;                 // the response being sent
   std::size_t sent_ = 0;
   /// out_ keeps its capacity between responses up to this size.
@@ -151,8 +166,10 @@ struct Server::Impl {
   std::vector<detail::RouteLabel> labels;  // by router index, then "unmatched"
   std::size_t unmatched = 0;               // label index of requests no route took
   std::vector<std::unique_ptr<detail::IoThread>> threads;
-  std::atomic<uint64_t> open{0};  // connections, every thread (max_connections)
-  std::atomic<uint16_t> port{0};  // 0 until start() has bound; read from any thread
+  std::atomic<uint64_t> open{0};      // connections, every thread (max_connections)
+  std::atomic<uint16_t> port{0};      // 0 until start() has bound; read from any thread
+  std::atomic<uint16_t> tls_port{0};  // the same for the TLS listener
+  std::mutex tls_mu;                  // serializes reload_tls()
   bool started = false;
   std::atomic<bool> stopping{false};
 
@@ -165,6 +182,7 @@ struct Server::Impl {
   std::vector<Subscription> probe_servers;
 
   std::unique_ptr<WebSocketBridge> websocket;  // null: no WebSocket bridge
+  std::unique_ptr<detail::JwtVerifier> jwt;    // null: no bearer tokens
 
   void serve_health(const Request& req, Responder respond);
   Reply serve_metrics() const;
@@ -181,12 +199,14 @@ class IoThread {
  public:
   IoThread(Server::Impl& server, unsigned index);
   ~IoThread();
-  /// Binds (throws std::runtime_error on failure) and starts the thread.
-  void start(const tcp::endpoint& at, std::mutex& mu, std::condition_variable& cv, bool& ready);
+  /// Binds the listeners given (throws std::runtime_error on failure) and starts the thread.
+  void start(const std::optional<tcp::endpoint>& plain, const std::optional<tcp::endpoint>& tls,
+             std::mutex& mu, std::condition_variable& cv, bool& ready);
   /// From any thread: begins the graceful shutdown on this thread.
   void shutdown();
   void join();
   uint16_t port() const { return port_; }
+  uint16_t tls_port() const { return tls_port_; }
 
   Server::Impl& server;
   const unsigned index;
@@ -200,6 +220,17 @@ class IoThread {
   absl::flat_hash_set<WsSession*> ws_sessions;
   std::unique_ptr<WsHub, WsHubDeleter> ws_hub;
   ExternalInbox& inbox() { return *inbox_; }
+  /// The tokens this thread has verified (with ServerOptions::jwt).
+  std::optional<TokenCache> tokens;
+  /// A request's principal: its bearer token's (verified), or `fallback` (the connection's
+  /// client certificate's) when it has none. Unauthenticated when the token is refused.
+  absl::StatusOr<PrincipalPtr> authenticate(const bh::request<bh::string_body>& msg,
+                                            const PrincipalPtr& fallback);
+  /// The realm of WWW-Authenticate.
+  const std::string& realm() const;
+  /// The context new TLS connections get: set before the thread starts, then replaced on this
+  /// thread by Server::reload_tls (connections keep the one they began with).
+  std::shared_ptr<asio::ssl::context> tls_context;
 
   /// Called before a route handler runs: the bus requests made until the current round of
   /// ready I/O ends are published together (one release and at most one wake per executor,
@@ -226,9 +257,10 @@ class IoThread {
 
  private:
   void run(std::mutex& mu, std::condition_variable& cv, bool& ready);
-  void accept();
+  uint16_t listen(tcp::acceptor& acceptor, const tcp::endpoint& at, const char* option);
+  void accept(tcp::acceptor& acceptor, bool tls);
   /// A new connection (a non-blocking socket): a session, or a 503 past max_connections.
-  void admit(int fd);
+  void admit(int fd, bool tls);
   void refuse(int fd);
   /// Waits until a connection's socket is ready, then runs poll_connections.
   void wait_for_connections();
@@ -243,7 +275,9 @@ class IoThread {
   std::string status_line_;
   unsigned status_line_key_ = 0;  // version * 1000 + status of status_line_; 0: none yet
   tcp::acceptor acceptor_{ioc};
+  tcp::acceptor tls_acceptor_{ioc};
   uint16_t port_ = 0;
+  uint16_t tls_port_ = 0;
   std::optional<ExternalInbox> inbox_;
   // The connection poller: an epoll set of the HTTP connections' sockets and the inbox's
   // eventfd, itself watched by Asio's reactor.
@@ -253,6 +287,7 @@ class IoThread {
   asio::steady_timer sweep_timer_{ioc};
   asio::steady_timer grace_timer_{ioc};
   asio::steady_timer accept_retry_{ioc};
+  asio::steady_timer tls_accept_retry_{ioc};
   std::optional<Batch> batch_;  // open until the end of the current round
   std::size_t in_flight_ = 0;
   std::deque<std::shared_ptr<Session>> waiting_;
@@ -261,10 +296,21 @@ class IoThread {
   std::thread thread_;
 };
 
-/// A GET of the WebSocket path: upgrades the connection (taking the socket `take` gives and the
-/// request) and returns true, or false when it is not an upgrade request (`take` not called).
-bool upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
-             const std::function<tcp::socket()>& take);
+/// A GET of the WebSocket path: upgrades the connection (taking what `take` gives, and the
+/// request) and returns nullopt; or, without calling `take`, the answer to write instead: 426
+/// for no upgrade request, 401 for a client without valid credentials, 403 for an Origin the
+/// server does not allow.
+std::optional<Reply> upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
+                             const PrincipalPtr& connection_principal,
+                             const std::function<Handover()>& take);
+/// 401 (RFC 6750 §3): `error` and `description` say what was wrong with the token; both empty
+/// when there was none.
+Reply unauthorized(std::string_view realm, std::string_view error, std::string_view description);
+/// 403: the token is valid but lacks `scope`.
+Reply forbidden(std::string_view realm, std::string_view scope);
+/// 403 when the request's Origin is not one the server's CORS rules allow (a browser's
+/// cross-site WebSocket), else nullopt.
+std::optional<Reply> cross_origin_refusal(IoThread& io, const bh::request<bh::string_body>& msg);
 /// Closes the thread's WebSocket connections: with a closing handshake, or `now`.
 void close_websockets(IoThread& io, bool now);
 

@@ -87,6 +87,23 @@ void http_metrics(const MetricsView& v, Writer& w) {
            "Requests refused before routing: malformed HTTP, headers or body over the limits.");
   w.sample("bus_http_bad_requests_total", "",
            total([](const IoCounters& c) -> auto& { return c.bad_requests; }));
+  w.family("bus_http_tls_handshakes_total", "counter", "TLS handshakes completed.");
+  w.sample("bus_http_tls_handshakes_total", "",
+           total([](const IoCounters& c) -> auto& { return c.tls_handshakes; }));
+  w.family("bus_http_tls_handshake_failures_total", "counter",
+           "TLS connections closed before their handshake completed: not TLS, a version, cipher "
+           "or ALPN protocol in common with none, a client certificate refused.");
+  w.sample("bus_http_tls_handshake_failures_total", "",
+           total([](const IoCounters& c) -> auto& { return c.tls_failed; }));
+  w.family("bus_http_auth_refused_total", "counter",
+           "Requests refused for their credentials: invalid_token (401), missing (401: a route "
+           "that requires a principal), insufficient_scope (403).");
+  w.sample("bus_http_auth_refused_total", "reason=\"invalid_token\"",
+           total([](const IoCounters& c) -> auto& { return c.auth_invalid; }));
+  w.sample("bus_http_auth_refused_total", "reason=\"missing\"",
+           total([](const IoCounters& c) -> auto& { return c.auth_missing; }));
+  w.sample("bus_http_auth_refused_total", "reason=\"insufficient_scope\"",
+           total([](const IoCounters& c) -> auto& { return c.auth_forbidden; }));
 
   w.family("bus_http_requests_total", "counter", "HTTP requests answered, by route and status.");
   for (std::size_t r = 0; r < routes.size(); ++r) {
@@ -318,6 +335,16 @@ void statsd_metrics(const MetricsView& v, StatsdSink& out) {
               total([](const IoCounters& c) -> auto& { return c.timed_out; }));
   out.counter("http.bad_requests",
               total([](const IoCounters& c) -> auto& { return c.bad_requests; }));
+  out.counter("http.tls.handshakes",
+              total([](const IoCounters& c) -> auto& { return c.tls_handshakes; }));
+  out.counter("http.tls.handshake_failures",
+              total([](const IoCounters& c) -> auto& { return c.tls_failed; }));
+  out.counter("http.auth.invalid_token",
+              total([](const IoCounters& c) -> auto& { return c.auth_invalid; }));
+  out.counter("http.auth.missing",
+              total([](const IoCounters& c) -> auto& { return c.auth_missing; }));
+  out.counter("http.auth.insufficient_scope",
+              total([](const IoCounters& c) -> auto& { return c.auth_forbidden; }));
   out.gauge("http.requests.waiting",
             static_cast<double>(total([](const IoCounters& c) -> auto& { return c.waiting; })));
   if (v.websocket) {

@@ -44,6 +44,11 @@ struct IoCounters {
   std::atomic<uint64_t> refused{0};
   std::atomic<uint64_t> timed_out{0};
   std::atomic<uint64_t> bad_requests{0};
+  std::atomic<uint64_t> tls_handshakes{0};
+  std::atomic<uint64_t> tls_failed{0};      // handshakes that failed or timed out
+  std::atomic<uint64_t> auth_invalid{0};    // 401: a bearer token refused
+  std::atomic<uint64_t> auth_missing{0};    // 401: no credentials for a route that needs them
+  std::atomic<uint64_t> auth_forbidden{0};  // 403: a token without the route's scope
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> waiting{0};  // a gauge: requests waiting for their turn (max_in_flight)
 };

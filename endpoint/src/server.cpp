@@ -8,6 +8,8 @@
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
+#include <cstdio>
+#include <functional>
 #include <optional>
 
 #include "bus/net/node.hpp"
@@ -41,10 +43,15 @@ void Server::add_route(detail::RouteSpec spec, Handler handler) {
 }
 
 Server& Server::handle(Method method, std::string_view path,
-                       std::function<Reply(const Request&)> handler) {
+                       std::function<Reply(const Request&)> handler,
+                       std::vector<std::string> scopes) {
   detail::RouteSpec spec;
   spec.method = method;
   spec.path = std::string(path);
+  for (std::string& scope : scopes) {
+    spec.access->authenticated = true;
+    if (!scope.empty()) spec.access->scopes.push_back(std::move(scope));
+  }
   add_route(std::move(spec), [h = std::move(handler)](const Request& req, Responder respond) {
     Reply r;
     try {
@@ -61,11 +68,11 @@ void Server::start() {
   Impl& s = *impl_;
   if (s.started) return;
   Impl* impl = impl_.get();
-  add_route(detail::RouteSpec{Method::kGet, "/health", "", nullptr, nullptr},
+  add_route(detail::RouteSpec{Method::kGet, "/health", "", nullptr, nullptr, nullptr},
             [impl](const Request& req, Responder respond) {
               impl->serve_health(req, std::move(respond));
             });
-  add_route(detail::RouteSpec{Method::kGet, "/metrics", "", nullptr, nullptr},
+  add_route(detail::RouteSpec{Method::kGet, "/metrics", "", nullptr, nullptr, nullptr},
             [impl](const Request&, Responder respond) { respond(impl->serve_metrics()); });
   for (std::size_t i = 0; i < s.entries.size(); ++i) {
     if (s.entries[i].spec.check) s.entries[i].spec.check(s.router.routes()[i].params);
@@ -85,20 +92,31 @@ void Server::start() {
   if (ec) {
     throw std::runtime_error("bus::http: '" + s.options.address() + "' is not an IP address");
   }
-  tcp::endpoint at(address, s.options.port());
+  std::optional<tcp::endpoint> plain, tls;
+  if (s.options.plain()) plain.emplace(address, s.options.port());
+  std::shared_ptr<asio::ssl::context> context;
+  if (s.options.tls()) {
+    context = detail::make_tls_context(*s.options.tls());  // throws for a file it cannot use
+    tls.emplace(address, s.options.tls()->port());
+  }
+  if (!plain && !tls) {
+    throw std::invalid_argument("bus::http: no listener: plain(false) and no tls(...)");
+  }
+  if (s.options.jwt()) s.jwt = std::make_unique<detail::JwtVerifier>(*s.options.jwt());
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::unique_ptr<bool>> ready;
   s.started = true;
   for (unsigned t = 0; t < s.options.io_threads(); ++t) {
     s.threads.push_back(std::make_unique<detail::IoThread>(s, t));
+    s.threads.back()->tls_context = context;
     ready.push_back(std::make_unique<bool>(false));
     {
       std::lock_guard lock(s.mu);
       ++s.running;
     }
     try {
-      s.threads.back()->start(at, mu, cv, *ready.back());
+      s.threads.back()->start(plain, tls, mu, cv, *ready.back());
     } catch (...) {
       {
         std::lock_guard lock(s.mu);
@@ -110,8 +128,11 @@ void Server::start() {
       throw;
     }
     if (t == 0) {
+      // The others share the ports the first one got.
       s.port = s.threads[0]->port();
-      at.port(s.port);  // the others share the port the first one got
+      if (plain) plain->port(s.port);
+      s.tls_port = s.threads[0]->tls_port();
+      if (tls) tls->port(s.tls_port);
     }
   }
   std::unique_lock lock(mu);
@@ -124,6 +145,25 @@ void Server::start() {
 }
 
 uint16_t Server::port() const { return impl_->port; }
+
+uint16_t Server::tls_port() const { return impl_->tls_port; }
+
+absl::Status Server::reload_tls() {
+  Impl& s = *impl_;
+  if (!s.options.tls()) return absl::FailedPreconditionError("bus::http: the server has no TLS");
+  std::lock_guard lock(s.tls_mu);
+  std::shared_ptr<asio::ssl::context> context;
+  try {
+    context = detail::make_tls_context(*s.options.tls());
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  // Each thread swaps it in on its own loop: the next connection it accepts gets it.
+  for (auto& t : s.threads) {
+    asio::post(t->ioc, [thread = t.get(), context] { thread->tls_context = context; });
+  }
+  return absl::OkStatus();
+}
 
 void Server::shutdown() {
   if (impl_->stopping.exchange(true)) return;
@@ -143,8 +183,8 @@ void Server::wait() {
 
 namespace {
 
-/// Blocks SIGINT and SIGTERM on the calling thread for its scope, so that the threads it starts
-/// meanwhile never take them: the calling thread's own mask is back when the scope ends.
+/// Blocks SIGINT, SIGTERM and SIGHUP on the calling thread for its scope, so that the threads it
+/// starts meanwhile never take them: the calling thread's own mask is back when the scope ends.
 class StopSignalsBlocked {
  public:
   StopSignalsBlocked() {
@@ -152,6 +192,7 @@ class StopSignalsBlocked {
     sigemptyset(&stop);
     sigaddset(&stop, SIGINT);
     sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGHUP);
     ::pthread_sigmask(SIG_BLOCK, &stop, &old_);
   }
   ~StopSignalsBlocked() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
@@ -167,9 +208,17 @@ class StopSignalsBlocked {
 void Server::run_until_signal() {
   asio::io_context signals_ctx;
   asio::signal_set signals(signals_ctx, SIGINT, SIGTERM);
-  signals.async_wait([&](beast::error_code ec, int) {
-    if (!ec) shutdown();
-  });
+  // SIGHUP reloads the certificates (as nginx does); without TLS it keeps its default action.
+  if (impl_->options.tls()) signals.add(SIGHUP);
+  std::function<void(beast::error_code, int)> on_signal = [&](beast::error_code ec, int signal) {
+    if (ec) return;
+    if (signal != SIGHUP) return shutdown();
+    absl::Status st = reload_tls();
+    std::fprintf(stderr, "bus::http: SIGHUP: %s\n",
+                 st.ok() ? "TLS certificates reloaded" : std::string(st.message()).c_str());
+    signals.async_wait(on_signal);
+  };
+  signals.async_wait(on_signal);
   // Returns on a signal, or when shutdown() came from elsewhere and the threads ended.
   std::optional<std::thread> waiter;
   {
@@ -204,6 +253,8 @@ ServerStats Server::stats() const {
     out.requests += t->io.requests.load(std::memory_order_relaxed);
     out.requests_waiting += t->io.waiting.load(std::memory_order_relaxed);
     out.bad_requests += t->io.bad_requests.load(std::memory_order_relaxed);
+    out.tls_handshakes += t->io.tls_handshakes.load(std::memory_order_relaxed);
+    out.tls_handshake_failures += t->io.tls_failed.load(std::memory_order_relaxed);
   }
   return out;
 }

@@ -1,11 +1,13 @@
 // Connections and I/O threads of the HTTP server (Boost.Beast on Asio).
 #include <absl/container/inlined_vector.h>
+#include <absl/strings/ascii.h>
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
 #include <kj/compat/url.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -15,29 +17,14 @@
 #include <boost/asio/write.hpp>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 
+#include "cors.hpp"
+#include "framing.hpp"
 #include "io.hpp"
 
 namespace bus::http::detail {
 namespace {
-
-/// True when a request target needs no decoding: no escape, query, fragment, dot segment, '+' or
-/// backslash. One pass over it (string_view::find_first_of calls memchr over the set once per
-/// character: about 300 instructions for "/greeting/Sergio").
-bool plain_path(std::string_view target) {
-  for (char c : target) {
-    switch (c) {
-      case '%':
-      case '?':
-      case '#':
-      case '.':
-      case '+':
-      case '\\': return false;
-      default: break;
-    }
-  }
-  return true;
-}
 
 std::optional<Method> method_of(bh::verb v) {
   switch (v) {
@@ -58,6 +45,7 @@ bool is_http_error(const beast::error_code& ec) {
 }
 
 std::string_view view(beast::string_view s) { return {s.data(), s.size()}; }
+absl::string_view av(std::string_view s) { return {s.data(), s.size()}; }
 
 /// Whether a route's extra header field may be sent: not one the server sets itself, and
 /// nothing that would end the field early (a CR or LF would let a value inject fields).
@@ -83,6 +71,16 @@ bool header_allowed(std::string_view name, std::string_view value) {
   return !bad;
 }
 
+/// `s` fit for a quoted-string of WWW-Authenticate (RFC 6750 §3 allows no '"' or '\\' in
+/// error_description, and a token's kid is the client's text).
+std::string quotable(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') c = '?';
+  }
+  return out;
+}
+
 /// An Asio socket owning `fd`, a connected TCP socket (closed when Asio cannot take it).
 tcp::socket adopt(asio::io_context& ioc, int fd) {
   sockaddr_storage addr{};
@@ -97,10 +95,43 @@ tcp::socket adopt(asio::io_context& ioc, int fd) {
 
 }  // namespace
 
+Reply unauthorized(std::string_view realm, std::string_view error, std::string_view description) {
+  Reply r = Reply::error(401, "unauthenticated",
+                         description.empty() ? "this route needs a bearer token" : description);
+  std::string challenge = absl::StrCat("Bearer realm=\"", quotable(realm), "\"");
+  if (!error.empty()) {
+    absl::StrAppend(&challenge, ", error=\"", av(error), "\", error_description=\"",
+                    quotable(description), "\"");
+  }
+  r.headers.emplace_back("WWW-Authenticate", std::move(challenge));
+  return r;
+}
+
+Reply forbidden(std::string_view realm, std::string_view scope) {
+  Reply r =
+      Reply::error(403, "forbidden",
+                   absl::StrCat("this route needs scope '", av(scope), "', which the token lacks"));
+  r.headers.emplace_back(
+      "WWW-Authenticate",
+      absl::StrCat("Bearer realm=\"", quotable(realm), "\", error=\"insufficient_scope\", scope=\"",
+                   quotable(scope), "\""));
+  return r;
+}
+
 // ==== Session
 // ====================================================================================
 
-Session::Session(IoThread& io, int fd) : io_(io), fd_(fd) { io_.sessions.insert(this); }
+Session::Session(IoThread& io, int fd, SSL_CTX* tls) : io_(io), tls_(tls != nullptr) {
+  sock_.fd = fd;
+  io_.sessions.insert(this);
+  if (tls != nullptr) {
+    ssl_ = SSL_new(tls);  // holds a reference to its context: a reload leaves it as it is
+    if (ssl_ != nullptr) {
+      attach(ssl_, &sock_);
+      SSL_set_accept_state(ssl_);
+    }
+  }
+}
 
 Session::~Session() {
   close();  // a no-op unless the session never got to close its socket
@@ -110,24 +141,65 @@ Session::~Session() {
 void Session::start() {
   self_ = shared_from_this();
   int one = 1;  // a reply is one write: send it now
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (!io_.watch(fd_, this)) return close();
+  ::setsockopt(sock_.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (!io_.watch(sock_.fd, this)) return close();
+  if (tls_) {
+    if (ssl_ == nullptr) {
+      bump(io_.io.tls_failed);  // SSL_new failed (out of memory)
+      return close();
+    }
+    // The handshake must end within the read timeout, as a request must.
+    phase_ = Phase::kHandshake;
+    deadline_ = Clock::now() + io_.server.options.read_timeout();
+    return handshake();
+  }
   // The first request may be here already: the registration's first event says so.
   wait_for_request();
+}
+
+void Session::handshake() {
+  int rc = SSL_do_handshake(ssl_);
+  switch (tls_step(ssl_, rc)) {
+    case TlsStep::kDone:
+      bump(io_.io.tls_handshakes);
+      if (std::string subject = peer_subject(ssl_); !subject.empty()) {
+        // Every request on this connection comes from its certificate's subject.
+        auto p = std::make_shared<Principal>();
+        p->subject = std::move(subject);
+        client_principal_ = std::move(p);
+      }
+      return wait_for_request();
+    case TlsStep::kWantRead:
+    case TlsStep::kWantWrite: return;  // the poller calls again when the socket is ready
+    case TlsStep::kClosed:
+    case TlsStep::kFailed:
+      // Not TLS, a protocol or version it does not speak, a certificate it does not accept:
+      // nothing to answer in HTTP.
+      bump(io_.io.tls_failed);
+      return close();
+  }
 }
 
 void Session::close() {
   if (phase_ == Phase::kClosed) return;
   phase_ = Phase::kClosed;
   deadline_.reset();
-  if (fd_ >= 0) {
+  if (ssl_ != nullptr) {
+    // close_notify, once (the socket is non-blocking): the end of a TLS connection that the
+    // server chose, so that a client can tell it from a cut.
+    if (SSL_is_init_finished(ssl_) && sock_.fd >= 0) SSL_shutdown(ssl_);
+    SSL_free(ssl_);
+    ssl_ = nullptr;
+    ERR_clear_error();
+  }
+  if (sock_.fd >= 0) {
     // Leave the poller explicitly: close() alone leaves it only when no other descriptor refers
     // to the socket, and a fork() elsewhere in the process (a child before its exec) holds one
     // for a while: its events would then come for a session that is gone.
-    io_.unwatch(fd_);
-    ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);
-    fd_ = -1;
+    io_.unwatch(sock_.fd);
+    ::shutdown(sock_.fd, SHUT_RDWR);
+    ::close(sock_.fd);
+    sock_.fd = -1;
   }
   // Let go after the current handler: the poller may still hold this round's events for it.
   if (self_) asio::post(io_.ioc, [s = std::move(self_)] {});
@@ -135,10 +207,11 @@ void Session::close() {
 
 void Session::on_events(uint32_t events) {
   if (phase_ == Phase::kClosed) return;
-  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) readable_ = true;
-  if ((events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) peer_closed_ = true;
-  if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0) writable_ = true;
+  if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) sock_.readable = true;
+  if ((events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) sock_.peer_closed = true;
+  if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0) sock_.writable = true;
   switch (phase_) {
+    case Phase::kHandshake: return handshake();
     case Phase::kIdle: return wait_for_request();
     case Phase::kReading: return parse();
     case Phase::kWriting: return send();
@@ -147,24 +220,42 @@ void Session::on_events(uint32_t events) {
 }
 
 Session::Received Session::receive(std::size_t want) {
-  if (!readable_) return Received::kNothing;
+  if (ssl_ != nullptr) return receive_tls(want);
+  if (!sock_.readable) return Received::kNothing;
   asio::mutable_buffer space = buffer_.prepare(want);
   for (;;) {
-    ssize_t n = ::recv(fd_, space.data(), space.size(), 0);
+    ssize_t n = ::recv(sock_.fd, space.data(), space.size(), 0);
     if (n > 0) {
       buffer_.commit(static_cast<std::size_t>(n));
       // Less than asked for: the socket is drained, and what arrives next is a new edge. Not so
       // when the peer's end was seen: the read that returns it is still to come.
-      if (static_cast<std::size_t>(n) < space.size() && !peer_closed_) readable_ = false;
+      if (static_cast<std::size_t>(n) < space.size() && !sock_.peer_closed) sock_.readable = false;
       return Received::kSome;
     }
     if (n == 0) return Received::kEnd;
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      readable_ = false;
+      sock_.readable = false;
       return Received::kNothing;
     }
     return Received::kFailed;
+  }
+}
+
+Session::Received Session::receive_tls(std::size_t want) {
+  // OpenSSL may hold a record already read (read-ahead) while the socket is drained.
+  if (!sock_.readable && SSL_has_pending(ssl_) == 0) return Received::kNothing;
+  asio::mutable_buffer space = buffer_.prepare(want);
+  int n = SSL_read(ssl_, space.data(), static_cast<int>(space.size()));
+  if (n > 0) {
+    buffer_.commit(static_cast<std::size_t>(n));
+    return Received::kSome;
+  }
+  switch (tls_step(ssl_, n)) {
+    case TlsStep::kWantRead:
+    case TlsStep::kWantWrite: return Received::kNothing;  // the poller calls again
+    case TlsStep::kClosed: return Received::kEnd;
+    default: return Received::kFailed;
   }
 }
 
@@ -244,8 +335,7 @@ void Session::on_read(beast::error_code ec) {
   }
   if (ec == bh::error::end_of_stream || ec == bh::error::partial_message) return close();
   if (ec && is_http_error(ec)) {
-    return refuse(Reply::error(400, "bad_request", "malformed HTTP request: " + ec.message()),
-                  true);
+    return refuse(Reply::error(400, "bad_request", describe_parse_error(ec)), true);
   }
   if (ec) return close();  // reset, aborted by a timeout, ...
   dispatch();
@@ -253,6 +343,7 @@ void Session::on_read(beast::error_code ec) {
 
 void Session::refuse(Reply reply, bool close_after) {
   bump(io_.io.bad_requests);
+  cors_allowed_ = {};
   route_ = io_.server.unmatched;
   close_after_ = close_after;
   if (parser_ && parser_->is_header_done()) {
@@ -270,6 +361,7 @@ void Session::dispatch() {
   version_ = msg.version();
   keep_alive_ = msg.keep_alive();
   close_after_ = false;
+  cors_allowed_ = {};
   head_ = msg.method() == bh::verb::head;
   std::optional<Method> method = method_of(msg.method());
   if (!method) {
@@ -280,21 +372,64 @@ void Session::dispatch() {
         nullptr);
   }
 
+  if (std::optional<Reply> bad = framing_error(msg)) return refuse(std::move(*bad), true);
+  const std::optional<CorsOptions>& cors = io_.server.options.cors();
+  if (cors) {
+    // A browser's cross-origin request: its answer says whether the page may read it.
+    if (auto origin = msg.find(bh::field::origin); origin != msg.end()) {
+      cors_allowed_ = allowed_origin(*cors, view(origin->value()));
+    }
+  }
+
   std::string_view target = view(msg.target());
+  TargetForm form = classify_target(target);
+  if (form == TargetForm::kAsterisk) {
+    route_ = io_.server.unmatched;
+    if (*method != Method::kOptions) {
+      return refuse(Reply::error(400, "bad_request", "'*' is a request target for OPTIONS only"),
+                    false);
+    }
+    // A server-wide OPTIONS (RFC 9110 §9.3.7): what this server implements, and no content.
+    static const std::string kMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
+    return write(Reply{200, "", "", {}}, &kMethods);
+  }
+  if (form == TargetForm::kAbsolute) {
+    // The path after the authority is the target (RFC 9112 §3.2.2: servers accept this form).
+    std::optional<std::string> origin = origin_form(target);
+    if (origin) {
+      absolute_target_ = std::move(*origin);
+      target = absolute_target_;
+      form = classify_target(target);
+    } else {
+      form = TargetForm::kInvalid;
+    }
+  }
+  if (form == TargetForm::kInvalid) {
+    return refuse(
+        Reply::error(400, "bad_request",
+                     "malformed request target: it must be a path starting with '/' in visible "
+                     "ASCII (percent-encode other bytes)"),
+        false);
+  }
   if (const WebSocketBridge* ws = io_.server.websocket.get();
       ws != nullptr && target.substr(0, target.find('?')) == ws->options().path()) {
     route_ = io_.server.unmatched;
-    if (*method == Method::kGet && upgrade(io_, *parser_, [this] { return hand_over(); })) return;
-    return write(Reply::error(426, "upgrade_required",
-                              "GET " + ws->options().path() + " is a WebSocket: send an upgrade"),
-                 nullptr);
+    if (*method != Method::kGet) {
+      return write(Reply::error(426, "upgrade_required",
+                                "GET " + ws->options().path() + " is a WebSocket: send an upgrade"),
+                   nullptr);
+    }
+    std::optional<Reply> refused =
+        upgrade(io_, *parser_, client_principal_, [this] { return hand_over(); });
+    if (refused) return write(std::move(*refused), nullptr);
+    return;
   }
   // A request path of up to 8 segments takes no allocation (a std::vector took two for
   // /greeting/{name}, growing).
   absl::InlinedVector<std::string_view, 8> path;
   Request::Fields query;
   kj::Maybe<kj::Url> url;
-  if (target.front() == '/' && plain_path(target)) {
+  if (form == TargetForm::kPlain) {
     // Nothing to decode, no query, no dot segments: the path is its '/'-separated segments
     // (empty ones dropped, as kj::Url does). Saves kj::Url's allocations on the common request.
     for (absl::string_view seg :
@@ -322,8 +457,35 @@ void Session::dispatch() {
   }
   Router::Miss miss;
   std::optional<Router::Match> match = io_.server.router.match(*method, path, &miss);
+  if (cors && *method == Method::kOptions && !match) {
+    auto requested = msg.find(bh::field::access_control_request_method);
+    auto origin = msg.find(bh::field::origin);
+    if (requested != msg.end() && origin != msg.end()) {
+      // A preflight: answered here, before any credentials (browsers send none with it).
+      route_ = io_.server.unmatched;
+      if (cors_allowed_.empty()) {
+        return write(Reply::error(403, "forbidden",
+                                  absl::StrCat("CORS: origin ", av(view(origin->value())),
+                                               " is not allowed")),
+                     nullptr);
+      }
+      if (!miss.path_known) {
+        return write(Reply::error(404, "not_found", "no route for " + std::string(target)),
+                     nullptr);
+      }
+      std::string_view allowed = std::exchange(cors_allowed_, {});  // the preflight's own fields
+      return write(preflight(*cors, allowed, miss.allow, view(requested->value()),
+                             view(msg[bh::field::access_control_request_headers])),
+                   nullptr);
+    }
+  }
   if (!match) {
     route_ = io_.server.unmatched;
+    if (miss.path_known && *method == Method::kOptions) {
+      // No OPTIONS route here: what the path allows, and no content (RFC 9110 §9.3.7).
+      miss.allow += ", OPTIONS";
+      return write(Reply{200, "", "", {}}, &miss.allow);
+    }
     if (miss.path_known) {
       return write(Reply::error(405, "method_not_allowed",
                                 std::string(to_string(*method)) + " is not allowed on " +
@@ -337,7 +499,33 @@ void Session::dispatch() {
   }
 
   route_ = match->route;
-  request_.emplace(*method, target, msg.body(), std::move(match->params), std::move(query), &msg);
+  PrincipalPtr principal = client_principal_;
+  if (io_.tokens) {
+    absl::StatusOr<PrincipalPtr> who = io_.authenticate(msg, client_principal_);
+    if (!who.ok()) {
+      bump(io_.io.auth_invalid);
+      absl::string_view why = who.status().message();
+      return write(
+          unauthorized(io_.realm(), "invalid_token", std::string_view(why.data(), why.size())),
+          nullptr);
+    }
+    principal = *std::move(who);
+  }
+  if (const Access* access = io_.server.entries[route_].spec.access.get();
+      access != nullptr && access->authenticated) {
+    if (principal == nullptr) {
+      bump(io_.io.auth_missing);
+      return write(unauthorized(io_.realm(), "", ""), nullptr);
+    }
+    for (const std::string& scope : access->scopes) {
+      if (!principal->has_scope(scope)) {
+        bump(io_.io.auth_forbidden);
+        return write(forbidden(io_.realm(), scope), nullptr);
+      }
+    }
+  }
+  request_.emplace(*method, target, msg.body(), std::move(match->params), std::move(query), &msg,
+                   std::move(principal));
   deadline_.reset();  // the route's deadline answers it, whether it waits for a turn or runs
   if (!io_.admit(*this)) {
     phase_ = Phase::kQueued;  // the I/O thread has max_in_flight requests out: wait for a turn
@@ -349,6 +537,10 @@ void Session::dispatch() {
 void Session::invoke() {
   phase_ = Phase::kHandling;
   io_.batch_round();
+  // The route's bus requests carry its principal. A copy: an answer given at once resets
+  // request_ while the handler still runs.
+  PrincipalPtr principal = request_->shared_principal();
+  PrincipalScope acting_for(principal);
   io_.server.entries[route_].handler(*request_, Responder(shared_from_this(), ++ticket_));
 }
 
@@ -383,9 +575,14 @@ void Session::format(const Reply& reply, const std::string* allow) {
   // common response takes two appends, the status line kept per thread: each piece of an append
   // costs a copy call (the response took about 1,100 instructions as 15 pieces, 700 now).
   out_.clear();
-  absl::StrAppend(&out_, io_.status_line(version_, reply.status),
-                  "Content-Type: ", reply.content_type, "\r\n");
+  if (!reply.content_type.empty()) [[likely]] {
+    absl::StrAppend(&out_, io_.status_line(version_, reply.status),
+                    "Content-Type: ", reply.content_type, "\r\n");
+  } else {
+    out_ = io_.status_line(version_, reply.status);  // no content (OPTIONS)
+  }
   if (allow != nullptr) absl::StrAppend(&out_, "Allow: ", *allow, "\r\n");
+  if (!cors_allowed_.empty()) append_cors_fields(*io_.server.options.cors(), cors_allowed_, out_);
   for (const auto& [name, value] : reply.headers) {
     if (!header_allowed(name, value)) continue;
     absl::StrAppend(&out_, name, ": ", value, "\r\n");
@@ -404,12 +601,24 @@ void Session::format(const Reply& reply, const std::string* allow) {
 }
 
 void Session::send() {
-  while (writable_) {
-    ssize_t n = ::send(fd_, out_.data() + sent_, out_.size() - sent_, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      return close();  // reset, ...
+  while (sock_.writable) {
+    ssize_t n;
+    if (ssl_ != nullptr) {
+      n = SSL_write(ssl_, out_.data() + sent_, static_cast<int>(out_.size() - sent_));
+      if (n <= 0) {
+        switch (tls_step(ssl_, static_cast<int>(n))) {
+          case TlsStep::kWantWrite: continue;  // the BIO found the socket full: ends the loop
+          case TlsStep::kWantRead: return;     // the poller's next event tries again
+          default: return close();
+        }
+      }
+    } else {
+      n = ::send(sock_.fd, out_.data() + sent_, out_.size() - sent_, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        return close();  // reset, ...
+      }
     }
     sent_ += static_cast<std::size_t>(n);
     if (sent_ == out_.size()) {
@@ -418,15 +627,29 @@ void Session::send() {
       return wait_for_request();
     }
   }
-  writable_ = false;  // the socket is full: the poller calls again when there is room
+  sock_.writable = false;  // the socket is full: the poller calls again when there is room
 }
 
-tcp::socket Session::hand_over() {
-  io_.unwatch(fd_);
-  tcp::socket socket = adopt(io_.ioc, fd_);
-  fd_ = -1;  // the WebSocket's now
+Handover Session::hand_over() {
+  io_.unwatch(sock_.fd);
+  Handover h{adopt(io_.ioc, sock_.fd), std::exchange(ssl_, nullptr), client_principal_};
+  sock_.fd = -1;  // the WebSocket's now
   close();
-  return socket;
+  return h;
+}
+
+std::optional<Reply> cross_origin_refusal(IoThread& io, const bh::request<bh::string_body>& msg) {
+  auto origin = msg.find(bh::field::origin);
+  if (origin == msg.end()) return std::nullopt;  // not a browser
+  std::string_view from = view(origin->value());
+  if (same_origin(from, view(msg[bh::field::host]))) return std::nullopt;
+  if (const auto& cors = io.server.options.cors(); cors && !allowed_origin(*cors, from).empty()) {
+    return std::nullopt;
+  }
+  // A page of another site would act with this browser's cookies and certificates.
+  bump(io.ws.refused);
+  return Reply::error(403, "forbidden",
+                      absl::StrCat("origin ", av(from), " may not open a WebSocket here"));
 }
 
 // ==== IoThread
@@ -440,8 +663,7 @@ IoThread::IoThread(Server::Impl& s, unsigned i) : server(s), index(i) {
 
 IoThread::~IoThread() { join(); }
 
-void IoThread::start(const tcp::endpoint& at, std::mutex& mu, std::condition_variable& cv,
-                     bool& ready) {
+uint16_t IoThread::listen(tcp::acceptor& acceptor, const tcp::endpoint& at, const char* option) {
   beast::error_code ec;
   if (index == 0 && at.port() != 0) {
     // SO_REUSEPORT would let this server share a port another server (of the same user)
@@ -451,22 +673,29 @@ void IoThread::start(const tcp::endpoint& at, std::mutex& mu, std::condition_var
     if (!ec) probe.set_option(asio::socket_base::reuse_address(true), ec);
     if (!ec) probe.bind(at, ec);
   }
-  if (!ec) acceptor_.open(at.protocol(), ec);
-  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor.open(at.protocol(), ec);
+  if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) {
     // Every I/O thread listens on the same port; the kernel spreads the connections.
     using ReusePort = asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>;
-    acceptor_.set_option(ReusePort(true), ec);
+    acceptor.set_option(ReusePort(true), ec);
   }
-  if (!ec) acceptor_.bind(at, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (!ec) acceptor_.non_blocking(true, ec);
+  if (!ec) acceptor.bind(at, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (!ec) acceptor.non_blocking(true, ec);
   if (ec) {
     throw std::runtime_error("bus::http: cannot listen on " + at.address().to_string() + ":" +
                              std::to_string(at.port()) + ": " + ec.message() +
-                             " (is the port taken? choose another with ServerOptions::port)");
+                             " (is the port taken? choose another with " + option + ")");
   }
-  port_ = acceptor_.local_endpoint().port();
+  return acceptor.local_endpoint().port();
+}
+
+void IoThread::start(const std::optional<tcp::endpoint>& plain,
+                     const std::optional<tcp::endpoint>& tls, std::mutex& mu,
+                     std::condition_variable& cv, bool& ready) {
+  if (plain) port_ = listen(acceptor_, *plain, "ServerOptions::port");
+  if (tls) tls_port_ = listen(tls_acceptor_, *tls, "TlsOptions::port");
   int poller = ::epoll_create1(EPOLL_CLOEXEC);
   if (poller < 0) {
     throw std::runtime_error(std::string("bus::http: epoll_create1 failed: ") +
@@ -481,6 +710,7 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
   std::snprintf(name, sizeof name, "bus-http-%u", index);
   pthread_setname_np(pthread_self(), name);
   inbox_.emplace(server.bus);  // this thread's bus inbox: replies to its requests come here
+  if (server.jwt) tokens.emplace(*server.jwt);
   ws_hub.reset(make_ws_hub());
   // The inbox's eventfd is in the connection poller too (its events carry no session): replies
   // are taken in the same rounds as the connections' events, without a wait of their own.
@@ -492,7 +722,8 @@ void IoThread::run(std::mutex& mu, std::condition_variable& cv, bool& ready) {
     std::abort();  // the thread could never hear its replies
   }
   wait_for_connections();
-  accept();
+  if (acceptor_.is_open()) accept(acceptor_, false);
+  if (tls_acceptor_.is_open()) accept(tls_acceptor_, true);
   sweep();
   {
     // Notified under the lock: start() owns `cv` and may return (destroying it) once it sees
@@ -530,16 +761,16 @@ void IoThread::shutdown() {
   asio::post(ioc, [this] { begin_shutdown(); });
 }
 
-void IoThread::accept() {
+void IoThread::accept(tcp::acceptor& acceptor, bool tls) {
   // Waits for the listening socket, then takes what waits in its backlog, a bounded number per
   // round (like nginx's multi_accept): one accept per pass of the event loop would leave a burst
   // of new connections (10,000 at once) waiting behind every active one for many passes.
-  acceptor_.async_wait(tcp::acceptor::wait_read, [this](beast::error_code ec) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    for (int i = 0; !ec && i <= kAcceptBurst && acceptor_.is_open(); ++i) {
-      int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  acceptor.async_wait(tcp::acceptor::wait_read, [this, &acceptor, tls](beast::error_code ec) {
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+    for (int i = 0; !ec && i <= kAcceptBurst && acceptor.is_open(); ++i) {
+      int fd = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd >= 0) {
-        admit(fd);
+        admit(fd, tls);
         continue;
       }
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -550,23 +781,26 @@ void IoThread::accept() {
     if (ec) {
       // Out of descriptors or memory: try again shortly rather than spin on the error.
       std::fprintf(stderr, "bus::http: accept failed: %s\n", ec.message().c_str());
-      accept_retry_.expires_after(std::chrono::milliseconds(50));
-      accept_retry_.async_wait([this](beast::error_code e) {
-        if (!e && acceptor_.is_open()) accept();
+      auto& retry = tls ? tls_accept_retry_ : accept_retry_;
+      retry.expires_after(std::chrono::milliseconds(50));
+      retry.async_wait([this, &acceptor, tls](beast::error_code e) {
+        if (!e && acceptor.is_open()) accept(acceptor, tls);
       });
       return;
     }
-    accept();
+    accept(acceptor, tls);
   });
 }
 
-void IoThread::admit(int fd) {
+void IoThread::admit(int fd, bool tls) {
   if (server.open.fetch_add(1, std::memory_order_relaxed) >= server.options.max_connections()) {
     server.open.fetch_sub(1, std::memory_order_relaxed);
-    refuse(fd);
+    if (!tls) return refuse(fd);
+    bump(io.refused);  // a 503 in plain text would be garbage to a TLS client: just closed
+    ::close(fd);
   } else {
     bump(io.accepted);
-    std::make_shared<Session>(*this, fd)->start();
+    std::make_shared<Session>(*this, fd, tls ? tls_context->native_handle() : nullptr)->start();
   }
 }
 
@@ -703,6 +937,7 @@ void IoThread::sweep() {
     }
     for (Session* s : late) {
       bump(io.timed_out);
+      if (s->phase() == Session::Phase::kHandshake) bump(io.tls_failed);
       s->close();
     }
     sweep();
@@ -714,11 +949,16 @@ void IoThread::begin_shutdown() {
   draining = true;
   beast::error_code ignored;
   acceptor_.close(ignored);
+  tls_acceptor_.close(ignored);
   accept_retry_.cancel();
-  // Connections between requests (or in the middle of reading one) close now; those whose
-  // request is being answered finish it, with "Connection: close".
+  tls_accept_retry_.cancel();
+  // Connections between requests (or in the middle of reading one, or of their handshake)
+  // close now; those whose request is being answered finish it, with "Connection: close".
   for (Session* s : std::vector<Session*>(sessions.begin(), sessions.end())) {
-    if (s->phase() == Session::Phase::kIdle || s->phase() == Session::Phase::kReading) s->close();
+    if (s->phase() == Session::Phase::kIdle || s->phase() == Session::Phase::kReading ||
+        s->phase() == Session::Phase::kHandshake) {
+      s->close();
+    }
   }
   close_websockets(*this, /*now=*/false);  // "going away", with a closing handshake
   grace_timer_.expires_after(server.options.grace());
@@ -735,6 +975,27 @@ void IoThread::forget(Session* s) {
   sessions.erase(s);
   server.open.fetch_sub(1, std::memory_order_relaxed);
   if (draining && sessions.empty() && ws_sessions.empty()) finish();
+}
+
+absl::StatusOr<PrincipalPtr> IoThread::authenticate(const bh::request<bh::string_body>& msg,
+                                                    const PrincipalPtr& fallback) {
+  if (!tokens) return fallback;
+  auto it = msg.find(bh::field::authorization);
+  if (it == msg.end()) return fallback;
+  std::string_view value = view(it->value());
+  // The scheme is case-insensitive (RFC 9110 §11.1); others (Basic) are the route's business.
+  if (value.size() < 7 || value[6] != ' ' ||
+      !absl::EqualsIgnoreCase(absl::string_view(value.data(), 6), "Bearer")) {
+    return fallback;
+  }
+  absl::string_view token =
+      absl::StripAsciiWhitespace(absl::string_view(value.data() + 7, value.size() - 7));
+  return tokens->verify(std::string_view(token.data(), token.size()), ::time(nullptr));
+}
+
+const std::string& IoThread::realm() const {
+  static const std::string kDefault = "bus";
+  return server.jwt ? server.jwt->options().realm() : kDefault;
 }
 
 const std::string& IoThread::status_line(unsigned version, unsigned status) {

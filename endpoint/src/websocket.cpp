@@ -14,6 +14,7 @@
 #include <absl/strings/strip.h>
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <kj/compat/url.h>
 
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/websocket.hpp>
@@ -52,8 +53,7 @@ const detail::WsChannel* WebSocketBridge::find(std::string_view name) const {
 
 bool WebSocketBridge::permitted(Permit what, std::string_view name) const {
   for (const Rule& r : rules_) {
-    if (r.what != what) continue;
-    if (r.match == Match::kExact ? name == r.name : name.starts_with(r.name)) return true;
+    if (r.allows(what, name)) return true;
   }
   return false;
 }
@@ -101,20 +101,41 @@ struct WsHub {
 void WsHubDeleter::operator()(WsHub* h) const { delete h; }
 WsHub* make_ws_hub() { return new WsHub; }
 
-class WsSession final : public std::enable_shared_from_this<WsSession> {
+/// A WebSocket connection as its thread's hub and shutdown see it, whatever its transport.
+class WsSession {
+ public:
+  virtual ~WsSession() = default;
+  /// Queues one message; nothing when the connection is closed or closes for it.
+  virtual void push(std::shared_ptr<const std::string> bytes, bool droppable) = 0;
+  virtual bool binary() const = 0;
+  /// Starts the closing handshake with `code` (graceful; the timeout bounds it).
+  virtual void close(websocket::close_code code, std::string_view why) = 0;
+  /// Closes the socket now.
+  virtual void drop() = 0;
+};
+
+/// One connection over `Stream`: beast::tcp_stream (ws://) or TlsStream (wss://).
+template <class Stream>
+class WsConn final : public WsSession, public std::enable_shared_from_this<WsConn<Stream>> {
  public:
   struct Item {
     std::shared_ptr<const std::string> bytes;
     bool droppable;
   };
 
-  WsSession(IoThread& io, tcp::socket socket, bool binary)
-      : io_(io), bridge_(*io.server.websocket), ws_(std::move(socket)), binary_(binary) {
+  WsConn(IoThread& io, Stream stream, bool binary, PrincipalPtr principal,
+         std::vector<WebSocketBridge::Rule> granted)
+      : io_(io),
+        bridge_(*io.server.websocket),
+        ws_(std::move(stream)),
+        binary_(binary),
+        principal_(std::move(principal)),
+        granted_(std::move(granted)) {
     io_.ws_sessions.insert(this);
     bump(io_.ws.open);
     bump(io_.ws.accepted);
   }
-  ~WsSession() {
+  ~WsConn() override {
     account(-static_cast<int64_t>(out_bytes_));
     io_.ws_sessions.erase(this);
     io_.ws.open.fetch_sub(1, std::memory_order_relaxed);
@@ -135,7 +156,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
       res.set(bh::field::server, "bus");
       if (binary) res.set(bh::field::sec_websocket_protocol, std::string(kBinaryProtocol));
     }));
-    ws_.async_accept(req, [self = shared_from_this()](beast::error_code ec) {
+    ws_.async_accept(req, [self = this->shared_from_this()](beast::error_code ec) {
       if (ec) return self->drop();
       self->open_ = true;
       if (self->closed_) {  // shut down during the handshake
@@ -147,8 +168,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
     });
   }
 
-  /// Queues one message; true unless the connection is closed or closes for it.
-  void push(std::shared_ptr<const std::string> bytes, bool droppable) {
+  void push(std::shared_ptr<const std::string> bytes, bool droppable) override {
     if (closed_) return;
     bump(io_.ws.messages_out);
     std::size_t max = bridge_.options().max_outbound_bytes();
@@ -158,7 +178,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
         // Closed after the topic's delivery loop (which called us) ends: closing leaves the
         // topic, and the loop must not see its list change under it.
         closed_ = true;
-        asio::post(ws_.get_executor(), [self = shared_from_this()] {
+        asio::post(ws_.get_executor(), [self = this->shared_from_this()] {
           if (!beast::get_lowest_layer(self->ws_).socket().is_open()) return;  // dropped since
           self->closed_ = false;
           self->close(websocket::close_code::policy_error,
@@ -188,7 +208,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
     write_more();
   }
 
-  bool binary() const { return binary_; }
+  bool binary() const override { return binary_; }
 
  private:
   void account(int64_t delta) {
@@ -198,8 +218,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
   }
 
  public:
-  /// Starts the closing handshake with `code` (graceful; the timeout bounds it).
-  void close(websocket::close_code code, std::string_view why) {
+  void close(websocket::close_code code, std::string_view why) override {
     if (closed_) return;
     closed_ = true;
     unsubscribe_all();
@@ -212,10 +231,9 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
       return;
     }
     ws_.async_close(websocket::close_reason(code, beast::string_view(why.data(), why.size())),
-                    [self = shared_from_this()](beast::error_code) {});
+                    [self = this->shared_from_this()](beast::error_code) {});
   }
-  /// Closes the socket now.
-  void drop() {
+  void drop() override {
     closed_ = true;
     unsubscribe_all();
     beast::error_code ignored;
@@ -224,7 +242,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
 
  private:
   void read() {
-    ws_.async_read(in_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+    ws_.async_read(in_, [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
       if (ec) {
         if (ec == websocket::error::message_too_big) bump(self->io_.ws.bad_frames);
         return self->drop();
@@ -340,13 +358,13 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
       }
       if (f.op == "unsub") return unsubscribe(f.channel, true);
       if (f.op == "sub") {
-        if (!bridge_.permitted(Permit::kSubscribe, f.channel)) {
+        if (!permitted(Permit::kSubscribe, f.channel)) {
           return refuse("forbidden",
                         absl::StrCat("subscribing to '", f.channel, "' is not permitted"));
         }
         return subscribe(*ch);
       }
-      if (!bridge_.permitted(Permit::kPublish, f.channel)) {
+      if (!permitted(Permit::kPublish, f.channel)) {
         return refuse("forbidden",
                       absl::StrCat("publishing to '", f.channel, "' is not permitted"));
       }
@@ -364,7 +382,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
         return refuse("unknown_channel",
                       absl::StrCat("'", f.channel, "' is not an endpoint of this bridge"));
       }
-      if (!bridge_.permitted(Permit::kRequest, f.channel)) {
+      if (!permitted(Permit::kRequest, f.channel)) {
         return refuse("forbidden", absl::StrCat("calling '", f.channel, "' is not permitted"));
       }
       if (f.id.empty()) return bad({}, "call needs an id");
@@ -379,8 +397,9 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
                                     ? Clock::duration(std::chrono::milliseconds(f.timeout_ms))
                                     : io_.server.options.deadline();
       io_.batch_round();
+      PrincipalScope acting_for(principal_);  // the call carries the client's principal
       ch->call(io_.server.bus, f.body, timeout,
-               [self = shared_from_this(), id = f.id](absl::StatusOr<WsMessage> rep) {
+               [self = this->shared_from_this(), id = f.id](absl::StatusOr<WsMessage> rep) {
                  --self->pending_calls_;
                  self->send_reply(id, rep);
                });
@@ -547,7 +566,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
     ws_.binary(binary_);
     bump(io_.ws.frames_out);
     ws_.async_write(asio::buffer(writing_buf_),
-                    [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                    [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
                       self->writing_ = false;
                       if (ec) return self->drop();
                       if (self->close_after_write_) {
@@ -561,7 +580,7 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
 
   IoThread& io_;
   const WebSocketBridge& bridge_;
-  websocket::stream<beast::tcp_stream> ws_;
+  websocket::stream<Stream> ws_;
   beast::flat_buffer in_;
   kj::Array<capnp::word> body_words_;
   const bool binary_;
@@ -575,21 +594,114 @@ class WsSession final : public std::enable_shared_from_this<WsSession> {
   std::optional<websocket::close_reason> close_after_write_;
   absl::flat_hash_set<std::string> subs_;
   std::size_t pending_calls_ = 0;
+  const PrincipalPtr principal_;                      // who the client is, or null
+  const std::vector<WebSocketBridge::Rule> granted_;  // what its token grants beyond permit()s
+
+  bool permitted(Permit what, std::string_view name) const {
+    if (bridge_.permitted(what, name)) return true;
+    for (const auto& r : granted_) {
+      if (r.allows(what, name)) return true;
+    }
+    return false;
+  }
 };
 
-bool upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
-             const std::function<tcp::socket()>& take) {
+namespace {
+
+/// What the `claim` of a token grants: {"subscribe": [...], "publish": [...], "request": [...]}.
+std::vector<WebSocketBridge::Rule> granted_by(const Principal& p, const std::string& claim) {
+  std::vector<WebSocketBridge::Rule> out;
+  if (p.claims.empty()) return out;
+  capnp::MallocMessageBuilder b;
+  auto root = b.initRoot<capnp::JsonValue>();
+  try {
+    codec().decodeRaw(kj::ArrayPtr<const char>(p.claims.data(), p.claims.size()), root);
+  } catch (const kj::Exception&) {
+    return out;  // verified claims are JSON: not reached
+  }
+  if (!root.isObject()) return out;
+  for (auto f : root.asReader().getObject()) {
+    if (f.getName() != claim.c_str() || !f.getValue().isObject()) continue;
+    for (auto dir : f.getValue().getObject()) {
+      std::string_view d(dir.getName().cStr(), dir.getName().size());
+      Permit what = d == "subscribe" ? Permit::kSubscribe
+                    : d == "publish" ? Permit::kPublish
+                    : d == "request" ? Permit::kRequest
+                                     : Permit{0};
+      if (what == Permit{0} || !dir.getValue().isArray()) continue;
+      for (auto name : dir.getValue().getArray()) {
+        if (!name.isString()) continue;
+        std::string n(name.getString().cStr(), name.getString().size());
+        bool prefix = !n.empty() && n.back() == '*';
+        if (prefix) n.pop_back();
+        out.push_back({what, std::move(n), prefix ? Match::kPrefix : Match::kExact});
+      }
+    }
+  }
+  return out;
+}
+
+/// The `access_token` query parameter of `target`, if any.
+std::optional<std::string> access_token(std::string_view target) {
+  if (target.find('?') == std::string_view::npos) return std::nullopt;
+  KJ_IF_MAYBE (url, kj::Url::tryParse(std::string(target), kj::Url::HTTP_REQUEST)) {
+    for (const auto& q : url->query) {
+      if (q.name == "access_token") return std::string(q.value.cStr(), q.value.size());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<Reply> upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
+                             const PrincipalPtr& connection_principal,
+                             const std::function<Handover()>& take) {
   auto& msg = parser.get();
-  if (!websocket::is_upgrade(msg)) return false;
+  const WebSocketOptions& o = io.server.websocket->options();
+  if (!websocket::is_upgrade(msg)) {
+    return Reply::error(426, "upgrade_required",
+                        "GET " + o.path() + " is a WebSocket: send an upgrade");
+  }
+  if (std::optional<Reply> refused = cross_origin_refusal(io, msg)) return refused;
+  // The client is who its token says (a header, or the access_token parameter that browsers
+  // can send), else who its certificate says.
+  absl::StatusOr<PrincipalPtr> who = io.authenticate(msg, connection_principal);
+  if (who.ok() && *who == connection_principal && io.tokens) {
+    std::string_view target(msg.target().data(), msg.target().size());
+    if (std::optional<std::string> token = access_token(target)) {
+      who = io.tokens->verify(*token, ::time(nullptr));
+    }
+  }
+  if (!who.ok()) {
+    bump(io.io.auth_invalid);
+    absl::string_view why = who.status().message();
+    return unauthorized(io.realm(), "invalid_token", std::string_view(why.data(), why.size()));
+  }
+  if (*who == nullptr && o.require_authentication()) {
+    bump(io.io.auth_missing);
+    return unauthorized(io.realm(), "", "");
+  }
   bool binary = false;
   for (auto part : absl::StrSplit(absl::string_view(msg[bh::field::sec_websocket_protocol].data(),
                                                     msg[bh::field::sec_websocket_protocol].size()),
                                   ',', absl::SkipWhitespace())) {
     if (absl::StripAsciiWhitespace(part) == av(kBinaryProtocol)) binary = true;
   }
+  std::vector<WebSocketBridge::Rule> granted;
+  if (*who != nullptr) granted = granted_by(**who, o.permissions_claim());
   io.server.open.fetch_add(1, std::memory_order_relaxed);
-  std::make_shared<WsSession>(io, take(), binary)->start(parser.release());
-  return true;
+  Handover h = take();
+  if (h.ssl != nullptr) {
+    std::make_shared<WsConn<TlsStream>>(io, TlsStream(std::move(h.socket), h.ssl), binary,
+                                        std::move(*who), std::move(granted))
+        ->start(parser.release());
+  } else {
+    std::make_shared<WsConn<beast::tcp_stream>>(io, beast::tcp_stream(std::move(h.socket)), binary,
+                                                std::move(*who), std::move(granted))
+        ->start(parser.release());
+  }
+  return std::nullopt;
 }
 
 void close_websockets(IoThread& io, bool now) {

@@ -23,6 +23,8 @@
 #include <optional>
 #include <string>
 
+#include "../usage.hpp"
+
 ABSL_FLAG(std::string, address, "127.0.0.1", "address to listen on");
 ABSL_FLAG(uint16_t, port, 8080, "HTTP port (0: any free port)");
 ABSL_FLAG(int, deadline_ms, 200, "the quote's deadline: both calls must answer within it");
@@ -85,6 +87,8 @@ struct Quoter {
 }  // namespace
 
 int main(int argc, char** argv) {
+  examples::usage(
+      "the compose example: GET /quote/{item} asks two services at once under one deadline");
   absl::ParseCommandLine(argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bus::Bus bus(bus::Options().executors(2));

@@ -6,6 +6,7 @@
 #include <map>
 #include <thread>
 
+#include "../usage.hpp"
 #include "demo.hpp"
 
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7411", "where this node publishes");
@@ -67,6 +68,7 @@ struct Aggregator {
 }  // namespace
 
 int main(int argc, char** argv) {
+  examples::usage("the demo's aggregator: subscribes to the readings and serves \"demo.stats\"");
   absl::ParseCommandLine(argc, argv);
   handle_signals();
   bus::Bus bus(bus::Options().executors(2));

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "../usage.hpp"
 #include "demo.hpp"
 
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7421", "where this node publishes");
@@ -15,6 +16,8 @@ using namespace demo_app;
 using namespace std::chrono_literals;
 
 int main(int argc, char** argv) {
+  examples::usage(
+      "the demo's monitor: watches the readings and asks the aggregator for its statistics");
   absl::ParseCommandLine(argc, argv);
   handle_signals();
   bus::Bus bus(bus::Options().executors(1));

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <thread>
 
+#include "../usage.hpp"
 #include "demo.hpp"
 
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7401", "where this node publishes");
@@ -17,6 +18,7 @@ using namespace demo_app;
 using namespace std::chrono_literals;
 
 int main(int argc, char** argv) {
+  examples::usage("the demo's producer: publishes sensor readings on \"demo.readings\"");
   absl::ParseCommandLine(argc, argv);
   handle_signals();
   bus::Bus bus(bus::Options().executors(1));

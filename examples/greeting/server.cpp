@@ -18,6 +18,7 @@
 #include <memory>
 #include <sstream>
 
+#include "../usage.hpp"
 #include "greeting.hpp"
 
 ABSL_FLAG(std::string, address, "127.0.0.1", "address to listen on");
@@ -36,10 +37,23 @@ ABSL_FLAG(std::string, peers, "",
           "publish endpoints of nodes serving the endpoints (empty: serve them here)");
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7500", "where this node publishes (--peers)");
 ABSL_FLAG(std::string, web, GREETING_WEB_DIR, "folder of the web page served at GET /");
+ABSL_FLAG(std::string, tls_cert, "",
+          "HTTPS: PEM certificate chain (with --tls_key; SIGHUP reloads both)");
+ABSL_FLAG(std::string, tls_key, "", "HTTPS: PEM private key of --tls_cert");
+ABSL_FLAG(uint16_t, tls_port, 8443, "HTTPS port (with --tls_cert; 0 picks one)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "HTTPS: require client certificates issued by a CA in this PEM file (mTLS)");
+ABSL_FLAG(bool, plain, true, "serve plain HTTP on --port too (false: HTTPS only)");
+ABSL_FLAG(std::string, jwt_key, "",
+          "accept bearer JWTs signed with this PEM public key (RS256/ES256), and require one on "
+          "GET /greeting/{name}");
 
 using namespace greeting_app;
 
 int main(int argc, char** argv) {
+  examples::usage(
+      "the greeting example's HTTP server: GET /greeting/{name}, GET /services/myservice/ping, a "
+      "web page at / and its WebSocket at /bus");
   absl::ParseCommandLine(argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bus::Bus bus(bus::Options()
@@ -68,7 +82,18 @@ int main(int argc, char** argv) {
                      .max_connections(absl::GetFlag(FLAGS_max_connections))
                      .max_in_flight(absl::GetFlag(FLAGS_max_in_flight))
                      .yield_after_round(absl::GetFlag(FLAGS_yield_after_round))
+                     .plain(absl::GetFlag(FLAGS_plain))
                      .node(node.get());
+  if (!absl::GetFlag(FLAGS_jwt_key).empty()) {
+    options.jwt(bus::http::JwtOptions().key_file(absl::GetFlag(FLAGS_jwt_key)));
+  }
+  if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
+    options.tls(bus::http::TlsOptions()
+                    .port(absl::GetFlag(FLAGS_tls_port))
+                    .certificate_chain(absl::GetFlag(FLAGS_tls_cert))
+                    .private_key(absl::GetFlag(FLAGS_tls_key))
+                    .client_ca(absl::GetFlag(FLAGS_tls_client_ca)));
+  }
   bus::http::Server http(bus, options);
   using bus::http::Method;
   using bus::http::Reply;
@@ -79,10 +104,12 @@ int main(int argc, char** argv) {
   } else {
     // The path parameter fills GreetingRequest.name; the reply is plain text, as Quarkus'. Each
     // greeting is also published on `greeted` (nearly free while nobody subscribes).
-    http.route(Method::kGet, "/greeting/{name}", greet).reply([&bus](const Greeting& g) {
-      (void)bus.publish(greeted, g);
-      return Reply::text(g->getMessage().cStr());
-    });
+    auto route =
+        http.route(Method::kGet, "/greeting/{name}", greet).reply([&bus](const Greeting& g) {
+          (void)bus.publish(greeted, g);
+          return Reply::text(g->getMessage().cStr());
+        });
+    if (!absl::GetFlag(FLAGS_jwt_key).empty()) route.require();
   }
   // The web page and its WebSocket: it may watch `greeting.greeted` and call `greeting`;
   // nothing else on the bus is reachable from a browser.
@@ -110,11 +137,17 @@ int main(int argc, char** argv) {
     return Reply::json(bus::http::to_json(r->getGreetings()));
   });
   http.start();
-  std::printf("[greeting] http://%s:%u/greeting/Sergio (%s)\n", options.address().c_str(),
-              http.port(),
-              absl::GetFlag(FLAGS_direct) ? "direct"
-              : peers.empty()             ? "in-process"
-                                          : "bridged");
+  const char* mode = absl::GetFlag(FLAGS_direct) ? "direct"
+                     : peers.empty()             ? "in-process"
+                                                 : "bridged";
+  if (options.plain()) {
+    std::printf("[greeting] http://%s:%u/greeting/Sergio (%s)\n", options.address().c_str(),
+                http.port(), mode);
+  }
+  if (options.tls()) {
+    std::printf("[greeting] https://%s:%u/greeting/Sergio (%s)\n", options.address().c_str(),
+                http.tls_port(), mode);
+  }
   http.run_until_signal();
   std::printf("[greeting] stopped: %llu requests\n",
               static_cast<unsigned long long>(http.stats().requests));

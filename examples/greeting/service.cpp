@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "../usage.hpp"
 #include "greeting.hpp"
 
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7501", "where this node publishes");
@@ -25,6 +26,9 @@ std::atomic<bool> stop{false};
 }
 
 int main(int argc, char** argv) {
+  examples::usage(
+      "the greeting service in its own process, serving \"greeting\" and \"myservice.ping\" over "
+      "the bridge");
   absl::ParseCommandLine(argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::signal(SIGTERM, [](int) { stop.store(true); });

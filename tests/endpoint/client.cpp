@@ -5,6 +5,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -85,8 +87,83 @@ Connection::Connection(uint16_t port, Ms timeout) : timeout_(timeout) {
   if (rc != 0) connect_error_ = std::string("connect: ") + std::strerror(errno);
 }
 
+Connection::Connection(uint16_t port, const Tls& tls, Ms timeout) : Connection(port, timeout) {
+  if (!connected()) return;
+  auto fail = [&](const std::string& what) {
+    std::string why;
+    while (unsigned long e = ERR_get_error()) {
+      char text[256];
+      ERR_error_string_n(e, text, sizeof text);
+      why += std::string(why.empty() ? "" : "; ") + text;
+    }
+    connect_error_ = what + (why.empty() ? "" : ": " + why);
+  };
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  tls_ctx_ = ctx;
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
+  if (SSL_CTX_load_verify_locations(ctx, tls.ca_file.c_str(), nullptr) != 1) {
+    fail("cannot load " + tls.ca_file);
+    return;
+  }
+  if (!tls.cert_file.empty() &&
+      (SSL_CTX_use_certificate_chain_file(ctx, tls.cert_file.c_str()) != 1 ||
+       SSL_CTX_use_PrivateKey_file(ctx, tls.key_file.c_str(), SSL_FILETYPE_PEM) != 1)) {
+    fail("cannot load " + tls.cert_file);
+    return;
+  }
+  if (!tls.alpn.empty()) {
+    std::string wire;  // length-prefixed protocol names
+    std::size_t at = 0;
+    while (at <= tls.alpn.size()) {
+      std::size_t end = std::min(tls.alpn.find(',', at), tls.alpn.size());
+      wire += static_cast<char>(end - at);
+      wire += tls.alpn.substr(at, end - at);
+      at = end + 1;
+    }
+    SSL_CTX_set_alpn_protos(ctx, reinterpret_cast<const unsigned char*>(wire.data()),
+                            static_cast<unsigned>(wire.size()));
+  }
+  SSL* ssl = SSL_new(ctx);
+  ssl_ = ssl;
+  SSL_set_tlsext_host_name(ssl, tls.host.c_str());
+  SSL_set1_host(ssl, tls.host.c_str());
+  SSL_set_fd(ssl, fd_);
+  if (SSL_connect(ssl) != 1) fail("TLS handshake failed");
+}
+
+std::string Connection::peer_subject() const {
+  if (ssl_ == nullptr) return {};
+  X509* cert = SSL_get0_peer_certificate(static_cast<SSL*>(ssl_));
+  if (cert == nullptr) return {};
+  char name[256];
+  X509_NAME_oneline(X509_get_subject_name(cert), name, sizeof name);
+  return name;
+}
+
+std::string Connection::alpn() const {
+  if (ssl_ == nullptr) return {};
+  const unsigned char* p = nullptr;
+  unsigned n = 0;
+  SSL_get0_alpn_selected(static_cast<const SSL*>(ssl_), &p, &n);
+  return std::string(reinterpret_cast<const char*>(p), n);
+}
+
+long Connection::receive(char* buf, std::size_t size) {
+  if (ssl_ == nullptr) return ::recv(fd_, buf, size, 0);
+  int n = SSL_read(static_cast<SSL*>(ssl_), buf, static_cast<int>(size));
+  if (n > 0) return n;
+  int e = SSL_get_error(static_cast<SSL*>(ssl_), n);
+  ERR_clear_error();
+  if (e == SSL_ERROR_ZERO_RETURN) return 0;
+  if (e == SSL_ERROR_SYSCALL && (errno == 0 || errno == ECONNRESET || errno == EPIPE)) return 0;
+  if (e == SSL_ERROR_SSL) return 0;  // an alert: the server ended the connection
+  return -1;                         // the receive timeout
+}
+
 Connection::Connection(Connection&& o) noexcept
     : fd_(std::exchange(o.fd_, -1)),
+      tls_ctx_(std::exchange(o.tls_ctx_, nullptr)),
+      ssl_(std::exchange(o.ssl_, nullptr)),
       connect_error_(std::move(o.connect_error_)),
       pending_(std::move(o.pending_)),
       peer_closed_(o.peer_closed_),
@@ -95,6 +172,9 @@ Connection::Connection(Connection&& o) noexcept
 Connection::~Connection() { close(); }
 
 void Connection::close() {
+  if (ssl_ != nullptr) SSL_free(static_cast<SSL*>(ssl_));
+  if (tls_ctx_ != nullptr) SSL_CTX_free(static_cast<SSL_CTX*>(tls_ctx_));
+  ssl_ = tls_ctx_ = nullptr;
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
 }
@@ -151,7 +231,7 @@ long Connection::fill() {
   if (fd_ < 0) return -1;
   char buf[64 * 1024];
   for (;;) {
-    ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    ssize_t n = receive(buf, sizeof buf);
     if (n > 0) {
       pending_.append(buf, static_cast<std::size_t>(n));
       return n;
@@ -221,7 +301,14 @@ Response Connection::read(bool head) {
 bool Connection::write_raw(std::string_view bytes) {
   if (fd_ < 0) return false;
   while (!bytes.empty()) {
-    ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    ssize_t n = ssl_ != nullptr ? SSL_write(static_cast<SSL*>(ssl_), bytes.data(),
+                                            static_cast<int>(bytes.size()))
+                                : ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (ssl_ != nullptr && n <= 0) {
+      ERR_clear_error();
+      peer_closed_ = true;
+      return false;
+    }
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EPIPE || errno == ECONNRESET) peer_closed_ = true;

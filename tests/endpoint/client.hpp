@@ -40,11 +40,23 @@ struct RequestSpec {
   Headers headers;
 };
 
+/// A TLS client's settings (OpenSSL, verifying the server's certificate and host name).
+struct Tls {
+  std::string ca_file;             // the CA that must have issued the server's certificate
+  std::string host = "localhost";  // SNI, and the name the certificate must hold
+  std::string cert_file;           // a client certificate (mTLS), with key_file
+  std::string key_file;
+  std::string alpn = "http/1.1";  // offered protocols, comma-separated; "" offers none
+};
+
 /// A keep-alive connection to 127.0.0.1:port, with blocking sockets and a receive timeout.
 class Connection {
  public:
   explicit Connection(uint16_t port,
                       std::chrono::milliseconds timeout = std::chrono::milliseconds(20000));
+  /// Over TLS: connected() is false when the handshake failed (connect_error() says why).
+  Connection(uint16_t port, const Tls& tls,
+             std::chrono::milliseconds timeout = std::chrono::milliseconds(20000));
   Connection(Connection&& o) noexcept;
   Connection& operator=(Connection&&) = delete;
   Connection(const Connection&) = delete;
@@ -55,6 +67,9 @@ class Connection {
   const std::string& connect_error() const { return connect_error_; }
   /// The client side's port: the same value across requests means the same TCP connection.
   uint16_t local_port() const;
+  /// TLS: the server certificate's subject ("CN=localhost") and the protocol ALPN chose.
+  std::string peer_subject() const;
+  std::string alpn() const;
 
   /// Writes one request (does not read). Several sends in a row pipeline them.
   bool send(const RequestSpec& req);
@@ -92,7 +107,12 @@ class Connection {
   /// Reads more bytes into pending_: >0 read, 0 end of stream, -1 error or timeout.
   long fill();
 
+  /// Bytes read (TLS: decrypted) into buf, as recv returns them.
+  long receive(char* buf, std::size_t size);
+
   int fd_ = -1;
+  void* tls_ctx_ = nullptr;  // SSL_CTX, SSL (OpenSSL stays in client.cpp)
+  void* ssl_ = nullptr;
   std::string connect_error_;
   std::string pending_;  // bytes read but not consumed by a parsed response
   bool peer_closed_ = false;

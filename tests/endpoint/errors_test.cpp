@@ -65,7 +65,9 @@ TEST_F(Errors, MalformedTargetIsA400) {
   http_test::Connection c(port);
   auto r = c.request("GET", "no-slash");
   expect_json_error(r, 400, "bad_request");
-  EXPECT_EQ(r.body, error_json("bad_request", "malformed request target: no-slash"));
+  EXPECT_EQ(r.body, error_json("bad_request",
+                               "malformed request target: it must be a path starting with '/' in "
+                               "visible ASCII (percent-encode other bytes)"));
 }
 
 TEST_F(Errors, UnknownRouteIsA404) {

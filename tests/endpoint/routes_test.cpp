@@ -343,7 +343,31 @@ TEST_F(Routes, BodyThatIsNotAnObjectIsA400) {
   http_test::Connection c(port);
   auto r = c.request("POST", "/orders", "[1,2,3]");
   ASSERT_EQ(r.status, 400u) << describe(r);
-  EXPECT_EQ(r.body, error_json("bad_request", "the body must be a JSON object"));
+  EXPECT_EQ(r.body, error_json("bad_request", "the body must be an object (Order), not an array"));
+}
+
+TEST_F(Routes, BodyErrorsSayWhatWasWrongInTheCallersTerms) {
+  http_test::Connection c(port);
+  auto expect = [&](std::string body, std::string detail) {
+    auto r = c.request("POST", "/orders", body);
+    EXPECT_EQ(r.status, 400u) << describe(r);
+    EXPECT_EQ(r.body, error_json("bad_request", detail)) << "for " << body;
+  };
+  expect(R"({"id":1,"colour":"red"})",
+         "unknown field 'colour' (Order has: id, customer, quantity, price, express, kind, big, "
+         "address)");
+  expect(R"({"express":"yes"})", "field 'express' must be true or false, not a string");
+  expect(R"({"quantity":3000000000})",
+         "field 'quantity' must be an integer from -2147483648 to 2147483647, not a number");
+  expect(R"({"id":-1})", "field 'id' must be an integer from 0 to 4294967295, not a number");
+  expect(R"({"kind":"urgent"})", "field 'kind' must be one of standard, gift, not 'urgent'");
+  expect(R"({"address":{"street":1}})", "field 'address.street' must be a string, not a number");
+  expect(R"({"address":{"zip":"x"}})", "unknown field 'address.zip' (Address has: street, city)");
+  expect(R"({"id":1,)", "the body is not valid JSON");
+  auto param = get(port, "/orders/99999999999");
+  EXPECT_EQ(param.body, error_json("bad_request",
+                                   "parameter 'id' must be an integer from 0 to 4294967295, not "
+                                   "'99999999999'"));
 }
 
 TEST_F(Routes, WrongJsonTypeForAFieldIsA400) {

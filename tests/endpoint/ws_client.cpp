@@ -9,11 +9,14 @@
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core/buffers_to_string.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/websocket.hpp>
+#include <boost/beast/websocket/ssl.hpp>
 #include <deque>
 #include <stdexcept>
+#include <variant>
 
 namespace ws_test {
 
@@ -24,7 +27,18 @@ using tcp = asio::ip::tcp;
 
 struct Client::Impl {
   asio::io_context ioc;
-  websocket::stream<tcp::socket> ws{ioc};
+  asio::ssl::context tls{asio::ssl::context::tls_client};
+  using Plain = websocket::stream<tcp::socket>;
+  using Tls = websocket::stream<asio::ssl::stream<tcp::socket>>;
+  std::variant<std::unique_ptr<Plain>, std::unique_ptr<Tls>> stream;
+  /// Calls `f` with the WebSocket stream, whichever it is.
+  template <class F>
+  decltype(auto) with(F&& f) {
+    return std::visit([&](auto& ws) -> decltype(auto) { return f(*ws); }, stream);
+  }
+  tcp::socket& socket() {
+    return with([](auto& ws) -> tcp::socket& { return beast::get_lowest_layer(ws); });
+  }
   beast::flat_buffer buffer;
   std::deque<std::string> pending;  // split JSON messages not handed out yet
   std::string subprotocol;
@@ -43,9 +57,11 @@ struct Client::Impl {
     reading = true;
     result.reset();
     buffer.clear();
-    ws.async_read(buffer, [this](beast::error_code ec, std::size_t) {
-      reading = false;
-      result = ec;
+    with([&](auto& ws) {
+      ws.async_read(buffer, [this](beast::error_code ec, std::size_t) {
+        reading = false;
+        result = ec;
+      });
     });
   }
   /// Runs until `done()` or the timeout; false on timeout.
@@ -64,26 +80,44 @@ struct Client::Impl {
 
 Client::Client(uint16_t port, Options o) : impl_(std::make_unique<Impl>()) {
   impl_->timeout = o.timeout;
-  auto& s = impl_->ws.next_layer();
+  if (o.ca_file.empty()) {
+    impl_->stream = std::make_unique<Impl::Plain>(impl_->ioc);
+  } else {
+    impl_->tls.load_verify_file(o.ca_file);
+    impl_->tls.set_verify_mode(asio::ssl::verify_peer);
+    auto ws = std::make_unique<Impl::Tls>(impl_->ioc, impl_->tls);
+    SSL_set_tlsext_host_name(ws->next_layer().native_handle(), "localhost");
+    ws->next_layer().set_verify_callback(asio::ssl::host_name_verification("localhost"));
+    impl_->stream = std::move(ws);
+  }
+  auto& s = impl_->socket();
   s.open(tcp::v4());
   if (o.receive_buffer > 0) {
     int n = o.receive_buffer;
     ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVBUF, &n, sizeof n);
   }
-  timeval tv{};  // bounds the blocking writes and the handshake
+  timeval tv{};  // bounds the blocking writes
   tv.tv_sec = o.timeout.count() / 1000;
   tv.tv_usec = (o.timeout.count() % 1000) * 1000;
   ::setsockopt(s.native_handle(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   s.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
-  impl_->ws.set_option(websocket::stream_base::decorator([&](websocket::request_type& req) {
-    if (o.binary) req.set(beast::http::field::sec_websocket_protocol, "bus.capnp");
-  }));
-  impl_->ws.control_callback([this](websocket::frame_type kind, beast::string_view) {
-    if (kind == websocket::frame_type::ping) ++impl_->pings;
-  });
+  if (auto* tls = std::get_if<std::unique_ptr<Impl::Tls>>(&impl_->stream)) {
+    beast::error_code ec;
+    (*tls)->next_layer().handshake(asio::ssl::stream_base::client, ec);
+    if (ec) throw std::runtime_error("TLS handshake failed: " + ec.message());
+  }
   websocket::response_type res;
   beast::error_code ec;
-  impl_->ws.handshake(res, "127.0.0.1:" + std::to_string(port), o.path, ec);
+  impl_->with([&](auto& ws) {
+    ws.set_option(websocket::stream_base::decorator([&](websocket::request_type& req) {
+      if (o.binary) req.set(beast::http::field::sec_websocket_protocol, "bus.capnp");
+      for (const auto& [name, value] : o.headers) req.set(name, value);
+    }));
+    ws.control_callback([this](websocket::frame_type kind, beast::string_view) {
+      if (kind == websocket::frame_type::ping) ++impl_->pings;
+    });
+    ws.handshake(res, "127.0.0.1:" + std::to_string(port), o.path, ec);
+  });
   if (ec) {
     throw std::runtime_error("websocket handshake failed: " + ec.message() + " (HTTP " +
                              std::to_string(res.result_int()) + ")");
@@ -93,17 +127,21 @@ Client::Client(uint16_t port, Options o) : impl_(std::make_unique<Impl>()) {
 
 Client::~Client() {
   beast::error_code ignored;
-  impl_->ws.next_layer().close(ignored);
+  impl_->socket().close(ignored);
 }
 
 void Client::send_text(std::string_view text) {
-  impl_->ws.text(true);
-  impl_->ws.write(asio::buffer(text.data(), text.size()));
+  impl_->with([&](auto& ws) {
+    ws.text(true);
+    ws.write(asio::buffer(text.data(), text.size()));
+  });
 }
 
 void Client::send_binary(std::string_view bytes) {
-  impl_->ws.binary(true);
-  impl_->ws.write(asio::buffer(bytes.data(), bytes.size()));
+  impl_->with([&](auto& ws) {
+    ws.binary(true);
+    ws.write(asio::buffer(bytes.data(), bytes.size()));
+  });
 }
 
 std::optional<std::string> Client::read() {
@@ -115,10 +153,12 @@ std::optional<std::string> Client::read() {
   beast::error_code ec = *std::exchange(impl_->result, std::nullopt);
   if (ec) {
     impl_->error = ec.message();
-    if (ec == websocket::error::closed) impl_->close_code = impl_->ws.reason().code;
+    if (ec == websocket::error::closed) {
+      impl_->close_code = impl_->with([](auto& ws) { return int(ws.reason().code); });
+    }
     return std::nullopt;
   }
-  impl_->binary = impl_->ws.got_binary();
+  impl_->binary = impl_->with([](auto& ws) { return ws.got_binary(); });
   return beast::buffers_to_string(impl_->buffer.data());
 }
 
@@ -148,7 +188,7 @@ std::string Client::error() const { return impl_->error; }
 
 void Client::close() {
   beast::error_code ec;
-  impl_->ws.close(websocket::close_code::normal, ec);
+  impl_->with([&](auto& ws) { ws.close(websocket::close_code::normal, ec); });
   while (!ec && read()) {  // until the server's close frame arrives
   }
 }

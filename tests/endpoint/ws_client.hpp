@@ -15,14 +15,17 @@ namespace ws_test {
 
 struct Options {
   std::string path = "/bus";
-  bool binary = false;     // asks for the "bus.capnp" subprotocol
+  bool binary = false;       // asks for the "bus.capnp" subprotocol
+  std::string ca_file = {};  // wss://: TLS, the server's certificate verified against this CA
+  std::vector<std::pair<std::string, std::string>> headers = {};  // more upgrade request fields
   int receive_buffer = 0;  // SO_RCVBUF before connecting (0: the system's)
   std::chrono::milliseconds timeout{10'000};
 };
 
 class Client {
  public:
-  /// Connects and upgrades; throws std::runtime_error when the handshake fails.
+  /// Connects and upgrades; throws std::runtime_error when the handshake fails (its message
+  /// holds "HTTP <status>" when the server answered the upgrade with an error).
   explicit Client(uint16_t port, Options options = {});
   ~Client();
   Client(const Client&) = delete;

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "endpoint/pki.hpp"
 #include "integration/node_process.hpp"
 #include "integration/process.hpp"
 #include "support/test_support.hpp"
@@ -74,6 +75,43 @@ TEST(GreetingExample, ServesFromASecondProcessOverTheBridge) {
     return curl(base + "/greeting/Sergio", {"-o", "/dev/null", "-w", "%{http_code}"}) == "503";
   }));
 
+  ::kill(server.pid(), SIGTERM);
+  int status = server.wait(30s);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(GreetingExample, ServesHttpsAndTakesANewCertificateOnSighup) {
+  pki_test::Pki pki;
+  pki.ca("ca");
+  pki.leaf("first", {.cn = "first", .issuer = "ca"});
+  pki.leaf("second", {.cn = "second", .issuer = "ca"});
+  std::string chain = pki.dir() + "/live.pem", key = pki.dir() + "/live.key";
+  auto install = [&](const std::string& name) {
+    pki_test::Pki::run("cp " + pki.pem(name) + " " + chain + " && cp " + pki.key(name) + " " + key);
+  };
+  install("first");
+  integ::Child server({GREETING_SERVER, "--plain=false", "--tls_port=0", "--tls_cert=" + chain,
+                       "--tls_key=" + key});
+  std::string base = integ::printed_base_url(server, "/greeting");
+  ASSERT_EQ(base.substr(0, 8), "https://") << base;
+  std::string port = base.substr(base.rfind(':') + 1);
+  auto subject = [&] {
+    return pki_test::capture("sh -c 'openssl s_client -connect 127.0.0.1:" + port +
+                             " </dev/null 2>/dev/null | openssl x509 -noout -subject'")
+        .text;
+  };
+  EXPECT_EQ(curl("https://localhost:" + port + "/greeting/Sergio",
+                 {"--cacert", pki.pem("ca"), "--resolve", "localhost:" + port + ":127.0.0.1"}),
+            "Hello Sergio");
+  EXPECT_EQ(subject(), "subject=CN = first\n");
+  install("second");
+  ::kill(server.pid(), SIGHUP);
+  ASSERT_TRUE(bus_test::eventually([&] { return subject() == "subject=CN = second\n"; }))
+      << subject();
+  EXPECT_EQ(curl("https://localhost:" + port + "/greeting/again",
+                 {"--cacert", pki.pem("ca"), "--resolve", "localhost:" + port + ":127.0.0.1"}),
+            "Hello again");
   ::kill(server.pid(), SIGTERM);
   int status = server.wait(30s);
   ASSERT_TRUE(WIFEXITED(status));

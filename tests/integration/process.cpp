@@ -189,6 +189,7 @@ std::string printed_base_url(Child& server, std::string_view path) {
   std::optional<std::string> line = server.read_line(std::chrono::seconds(30));
   if (!line) return {};
   auto at = line->find("http://");
+  if (at == std::string::npos) at = line->find("https://");
   auto end = line->find(path);
   if (at == std::string::npos || end == std::string::npos || end < at) return {};
   return line->substr(at, end - at);

@@ -51,7 +51,8 @@ int run_command(const std::vector<std::string>& argv, std::string* output = null
 
 /// `curl -s --max-time 30 <args...>`: what it printed (the body, or what -w asked for).
 std::string curl(const std::vector<std::string>& args);
-/// The base URL ("http://host:port") a server printed on its first line, in front of `path`
+/// The base URL ("http://host:port" or "https://...") a server printed on its first line, in front
+/// of `path`
 /// ("[shop] http://127.0.0.1:PORT/quote/tea" with path "/quote"); empty if it printed none.
 std::string printed_base_url(Child& server, std::string_view path);
 

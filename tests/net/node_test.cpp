@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -951,4 +952,39 @@ TEST(NodeOptions, ConfigErrorsNameTheLine) {
   EXPECT_FALSE(NodeOptions::parse("name = x\n").ok());  // no publish endpoint
   EXPECT_EQ(NodeOptions::load("/nonexistent/node.conf").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST(Node, ThePrincipalOfARequestReachesTheHandlerOnAnotherNode) {
+  Pair p;
+  auto server = p.bus_a.serve(stats_ep, [](StatsRequest&&) {
+    const bus::Principal* who = bus::principal();
+    return bus::build<demo::StatsReply>([&](demo::StatsReply::Builder r) {
+      r.initSensors(1)[0].setSensor(who == nullptr ? "nobody"
+                                                   : who->subject + "/" + who->issuer + "/" +
+                                                         who->scopes.at(1) + "/" + who->claims);
+    });
+  });
+  p.a.export_endpoint(stats_ep);
+  p.b.import_endpoint(stats_ep);
+  ASSERT_TRUE(p.b.wait_for_server(stats_ep.name(), 10s));
+  auto ada = std::make_shared<bus::Principal>(
+      bus::Principal{"ada", "https://id.test", {"a", "b"}, R"({"sub":"ada"})"});
+  // Through the bridge thread (request), and on the calling thread's own socket (call).
+  std::promise<std::string> got;
+  {
+    bus::PrincipalPtr who = ada;
+    bus::PrincipalScope acting_for(who);
+    p.bus_b.request(stats_ep, ask(), 5s, [&](absl::StatusOr<StatsReply> r) {
+      got.set_value(r.ok() ? (*r)->getSensors()[0].getSensor().cStr()
+                           : std::string(r.status().message()));
+    });
+    auto direct = p.bus_b.call(stats_ep, ask(), 5s);
+    ASSERT_TRUE(direct.ok()) << direct.status();
+    EXPECT_EQ(std::string((*direct)->getSensors()[0].getSensor().cStr()),
+              R"(ada/https://id.test/b/{"sub":"ada"})");
+  }
+  EXPECT_EQ(got.get_future().get(), R"(ada/https://id.test/b/{"sub":"ada"})");
+  auto nobody = p.bus_b.call(stats_ep, ask(), 5s);
+  ASSERT_TRUE(nobody.ok()) << nobody.status();
+  EXPECT_EQ(std::string((*nobody)->getSensors()[0].getSensor().cStr()), "nobody");
 }

@@ -14,6 +14,7 @@
 #include <absl/flags/parse.h>
 #include <absl/flags/usage.h>
 #include <absl/flags/usage_config.h>
+#include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
@@ -497,6 +498,14 @@ int cmd_stats(Tool& tool, const Schemas& schemas, const std::string& which) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Abseil's --help lists only flags declared in a file named after the program (busctl.cc):
+  // without this it would say "No flags matched".
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    return !absl::StrContains(file, "absl/");
+  };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(kUsageText);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

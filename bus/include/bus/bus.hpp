@@ -23,6 +23,7 @@
 #include "bus/detail/core.hpp"
 #include "bus/detail/targets.hpp"
 #include "bus/options.hpp"
+#include "bus/principal.hpp"
 #include "bus/stats.hpp"
 
 namespace bus {
@@ -1033,10 +1034,13 @@ void Bus::request(const Endpoint<Req, Rep>& endpoint, R&& req, Clock::duration t
                  std::forward<F>(callback));
     return;
   }
-  // A plain thread has no inbox for the reply: make the request from an executor. Handing it
-  // over waits for room in this thread's ring no longer than the deadline.
+  // A plain thread has no inbox for the reply: make the request from an executor, for this
+  // thread's principal. Handing it over waits for room in this thread's ring no longer than the
+  // deadline.
   auto cb = std::make_shared<std::decay_t<F>>(std::forward<F>(callback));
-  auto make = [this, &endpoint, req = Req(std::forward<R>(req)), deadline, cb]() mutable {
+  auto make = [this, &endpoint, req = Req(std::forward<R>(req)), deadline, cb,
+               principal = detail::current_principal()]() mutable {
+    PrincipalScope acting_for(principal);
     detail::Producer& ep = core_->producer();
     request_from(ep, *ep.own_inbox, endpoint, std::move(req), deadline,
                  [cb](absl::StatusOr<Rep> r) mutable { (*cb)(std::move(r)); });
@@ -1081,7 +1085,8 @@ void Bus::request_from(detail::Producer& p, detail::Inbox& home, const Endpoint<
         "Options::max_pending_requests); request to '", endpoint.name(), "' refused")));
     return;
   }
-  detail::RequestEnvelope<Req, Rep> env{std::move(req), corr, &home, nullptr, deadline};
+  detail::RequestEnvelope<Req, Rep> env{std::move(req), corr,     &home,
+                                        nullptr,        deadline, detail::current_principal()};
   auto& st = endpoint_state(endpoint);
   absl::Status s = to ? st.send_to(p, *to, std::move(env)) : st.route(p, std::move(env));
   c.leave(p);
@@ -1138,8 +1143,10 @@ absl::StatusOr<Rep> Bus::call(const Endpoint<Req, Rep>& endpoint, R&& req,
   // Registered before the request leaves: stop() ends a call it finds there with Cancelled
   // (it looks once nothing is in flight, so after this thread's send and leave).
   detail::Producer::Calling calling(p, waiter);
-  absl::Status s = st.route_to(
-      p, t, detail::RequestEnvelope<Req, Rep>{std::move(request), 0, nullptr, waiter, deadline});
+  absl::Status s =
+      st.route_to(p, t,
+                  detail::RequestEnvelope<Req, Rep>{std::move(request), 0, nullptr, waiter,
+                                                    deadline, detail::current_principal()});
   c.leave(p);
   p.counters.add(endpoint.id(), detail::kPublished);
   if (!s.ok()) return s;  // counted as failed where it failed

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bus/detail/core.hpp"
+#include "bus/principal.hpp"
 
 namespace bus::detail {
 
@@ -423,6 +424,7 @@ struct RequestEnvelope {
   Inbox* reply_to;                      // null when a plain thread waits in call()
   std::shared_ptr<Waiter<Rep>> waiter;  // set when reply_to is null
   Clock::time_point deadline;
+  PrincipalPtr principal;  // who it is for (the requester's current principal), or null
 };
 
 template <class Rep>
@@ -676,6 +678,8 @@ void EndpointTarget<Req, Rep>::run(Target* self, void* payload, Inbox& in) {
     t->forward(std::move(env));  // the bridge replies when the remote answer (or failure) comes
     return;
   }
+  // The handler, and what it requests in turn, act for the request's principal.
+  PrincipalScope acting_for(env.principal);
   if (t->async) {
     Replier<Rep> replier(&EndpointState<Req, Rep>::answer_later, t->state, in.core(), env.reply_to,
                          std::move(env.waiter), env.correlation, t->channel);

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "bus/principal.hpp"
+
 namespace bus::http {
 
 enum class Method { kGet, kHead, kPost, kPut, kPatch, kDelete, kOptions };
@@ -21,13 +23,14 @@ class Request {
   using Fields = std::vector<std::pair<std::string, std::string>>;
 
   Request(Method method, std::string_view target, std::string_view body, Fields params,
-          Fields query, const void* native)
+          Fields query, const void* native, PrincipalPtr principal = nullptr)
       : method_(method),
         target_(target),
         body_(body),
         params_(std::move(params)),
         query_(std::move(query)),
-        native_(native) {}
+        native_(native),
+        principal_(std::move(principal)) {}
 
   Method method() const { return method_; }
   /// The request target as sent: path and query, still percent-encoded.
@@ -41,6 +44,10 @@ class Request {
   std::optional<std::string_view> query(std::string_view name) const { return find(query_, name); }
   /// A header's value (case-insensitive name); the first one if it repeats.
   std::optional<std::string_view> header(std::string_view name) const;
+  /// Who sent it, when the server authenticated them (a bearer token, a client certificate);
+  /// null otherwise.
+  const Principal* principal() const { return principal_.get(); }
+  const PrincipalPtr& shared_principal() const { return principal_; }
 
  private:
   static std::optional<std::string_view> find(const Fields& f, std::string_view name) {
@@ -55,12 +62,13 @@ class Request {
   Fields params_;
   Fields query_;
   const void* native_;  // the server's parsed message (its headers)
+  PrincipalPtr principal_;
 };
 
 /// An HTTP response. Content-Length, Connection and HEAD are the server's business.
 struct Reply {
   unsigned status = 200;
-  std::string content_type = "application/json";
+  std::string content_type = "application/json";  // empty: no Content-Type (no content)
   std::string body;
   /// More header fields (Retry-After, Location, ...). The server sets Content-Type,
   /// Content-Length, Connection and Allow itself.

@@ -68,6 +68,11 @@ class Responder {
 using Handler = absl::AnyInvocable<void(const Request&, Responder) const>;
 
 namespace detail {
+/// What a route requires of its caller (Route::require).
+struct Access {
+  bool authenticated = false;       // a principal (a valid token, or a client certificate)
+  std::vector<std::string> scopes;  // every one of them in its token
+};
 struct RouteSpec {
   Method method;
   std::string path;                       // the template, e.g. "/greeting/{name}"
@@ -75,6 +80,7 @@ struct RouteSpec {
   std::function<std::size_t()> handlers;  // servers of that endpoint (for /health)
   /// Called by start() with the template's parameter names; throws if the route cannot work.
   std::function<void(const std::vector<std::string>&)> check;
+  std::shared_ptr<Access> access = std::make_shared<Access>();
 };
 /// 429 with Retry-After.
 Reply rate_limited(std::string_view limiter, std::chrono::milliseconds retry_after);
@@ -87,6 +93,7 @@ class Route {
   struct State {
     explicit State(const Endpoint<Req, Rep>& e) : endpoint(e) {}
     const Endpoint<Req, Rep>& endpoint;
+    std::shared_ptr<detail::Access> access;
     std::function<absl::StatusOr<Req>(const Request&)> in;
     std::function<Reply(const Rep&)> out;
     bool custom_in = false;
@@ -105,6 +112,14 @@ class Route {
   /// Maps the reply to the HTTP response: required when `Rep` has no Cap'n Proto schema.
   Route& reply(std::function<Reply(const Rep&)> out) {
     state_->out = std::move(out);
+    return *this;
+  }
+  /// Callers must be authenticated (a valid bearer token, or a client certificate) and, with a
+  /// `scope`, hold it in their token's "scope" (or "scp") claim; call again for more scopes.
+  /// Without a token the answer is 401 with WWW-Authenticate; without the scope, 403.
+  Route& require(std::string scope = "") {
+    state_->access->authenticated = true;
+    if (!scope.empty()) state_->access->scopes.push_back(std::move(scope));
     return *this;
   }
   /// This route's request deadline (504 past it).
@@ -132,11 +147,13 @@ class Route {
 struct ServerStats {
   uint64_t connections_open = 0;
   uint64_t connections_accepted = 0;
-  uint64_t connections_refused = 0;    // over max_connections: answered 503 and closed
-  uint64_t connections_timed_out = 0;  // read, idle or write timeout
-  uint64_t requests = 0;               // answered, every status
-  uint64_t requests_waiting = 0;       // read, waiting for a turn (max_in_flight)
-  uint64_t bad_requests = 0;           // unparseable HTTP, headers or body over the limits
+  uint64_t connections_refused = 0;     // over max_connections: answered 503 and closed
+  uint64_t connections_timed_out = 0;   // read, idle or write timeout
+  uint64_t requests = 0;                // answered, every status
+  uint64_t requests_waiting = 0;        // read, waiting for a turn (max_in_flight)
+  uint64_t bad_requests = 0;            // unparseable HTTP, headers or body over the limits
+  uint64_t tls_handshakes = 0;          // completed
+  uint64_t tls_handshake_failures = 0;  // not TLS, nothing in common, a client certificate refused
 };
 
 class Server {
@@ -157,8 +174,9 @@ class Server {
   Route<Req, Rep> route(Method method, std::string_view path, const Endpoint<Req, Rep>& endpoint);
 
   /// A route answered on the I/O thread itself, without the bus (static or computed replies).
-  Server& handle(Method method, std::string_view path,
-                 std::function<Reply(const Request&)> handler);
+  /// `scopes`, when given, are what it requires, as Route::require ({""}: authentication only).
+  Server& handle(Method method, std::string_view path, std::function<Reply(const Request&)> handler,
+                 std::vector<std::string> scopes = {});
 
   /// Binds and starts the I/O threads. Throws std::runtime_error if the address cannot be
   /// bound, std::invalid_argument for a route that cannot work (a path parameter that names no
@@ -166,6 +184,12 @@ class Server {
   void start();
   /// The bound port once start() has bound it, 0 before; safe from any thread.
   uint16_t port() const;
+  /// The TLS listener's port once start() has bound it, 0 before or without TLS.
+  uint16_t tls_port() const;
+  /// Reads the TLS certificate chain, key and client CA files again: new connections get them,
+  /// open ones go on with theirs. When a file cannot be used the old ones stay and the status
+  /// says what is wrong. From any thread; run_until_signal() calls it on SIGHUP.
+  absl::Status reload_tls();
   /// Stops accepting, answers what is in flight within the grace period (with
   /// "Connection: close"), then closes every connection and stops the I/O threads. Idempotent,
   /// from any thread, returns at once.
@@ -173,8 +197,9 @@ class Server {
   /// Blocks until the server has stopped.
   void wait();
   /// start() if needed, then blocks until SIGINT or SIGTERM (or shutdown()), then shuts down
-  /// gracefully and returns. The signals are taken on the calling thread: the threads it starts
-  /// block them, and the caller's own signal mask is left as it was.
+  /// gracefully and returns. With TLS, SIGHUP reloads the certificates (reload_tls()). The
+  /// signals are taken on the calling thread: the threads it starts block them, and the caller's
+  /// own signal mask is left as it was.
   void run_until_signal();
 
   /// The WebSocket bridge, created on first use with `options` (later calls return it and
@@ -213,6 +238,7 @@ Route<Req, Rep> Server::route(Method method, std::string_view path,
   spec.path = std::string(path);
   spec.endpoint = endpoint.name();
   spec.handlers = [this, st] { return bus_.servers(st->endpoint); };
+  st->access = spec.access;
   spec.check = [st, desc = std::string(to_string(method)) + " " +
                            spec.path](const std::vector<std::string>& params) {
     if (!st->in) {

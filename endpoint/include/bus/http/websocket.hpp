@@ -89,7 +89,24 @@ class WebSocketOptions {
     return *this;
   }
 
+  /// Upgrades only for clients with a principal (a valid bearer token, or a client
+  /// certificate); others get 401. Browsers cannot send Authorization on a WebSocket: they may
+  /// give the token as the `access_token` query parameter (RFC 6750 §2.3).
+  WebSocketOptions& require_authentication(bool r) {
+    require_authentication_ = r;
+    return *this;
+  }
+  /// The token claim that grants a client channels beyond the bridge's permit()s:
+  /// {"subscribe": [...], "publish": [...], "request": [...]}, each a channel name, or a prefix
+  /// ending in '*' ("demo.*"). Default "bus".
+  WebSocketOptions& permissions_claim(std::string name) {
+    permissions_claim_ = std::move(name);
+    return *this;
+  }
+
   const std::string& path() const { return path_; }
+  bool require_authentication() const { return require_authentication_; }
+  const std::string& permissions_claim() const { return permissions_claim_; }
   std::size_t max_frame_bytes() const { return max_frame_bytes_; }
   std::size_t max_outbound_bytes() const { return max_outbound_bytes_; }
   SlowClient slow_client() const { return slow_client_; }
@@ -107,6 +124,8 @@ class WebSocketOptions {
   std::size_t max_subscriptions_ = 256;
   Duration handshake_timeout_ = std::chrono::seconds(5);
   Duration idle_timeout_ = std::chrono::seconds(60);
+  bool require_authentication_ = false;
+  std::string permissions_claim_ = "bus";
 };
 
 /// Counters of the WebSocket bridge (every I/O thread).
@@ -234,7 +253,8 @@ class WebSocketBridge {
     };
     return add(std::move(ch));
   }
-  /// Lets clients use channels named `name` (or starting with it) in direction `what`.
+  /// Lets every client use channels named `name` (or starting with it) in direction `what`.
+  /// A client's token may grant it more (WebSocketOptions::permissions_claim).
   WebSocketBridge& permit(Permit what, std::string name, Match match = Match::kPrefix);
 
   const WebSocketOptions& options() const { return options_; }
@@ -242,14 +262,18 @@ class WebSocketBridge {
   const detail::WsChannel* find(std::string_view name) const;
   bool permitted(Permit what, std::string_view name) const;
 
- private:
-  WebSocketBridge& add(detail::WsChannel ch);
-
   struct Rule {
     Permit what;
     std::string name;
     Match match;
+    bool allows(Permit w, std::string_view n) const {
+      return w == what && (match == Match::kExact ? n == name : n.starts_with(name));
+    }
   };
+
+ private:
+  WebSocketBridge& add(detail::WsChannel ch);
+
   WebSocketOptions options_;
   std::vector<std::unique_ptr<detail::WsChannel>> channels_;
   std::vector<Rule> rules_;

@@ -137,10 +137,11 @@ class Link {
   /// A message of `bytes` for `channel` is over max_message_bytes: counts and logs it (no
   /// receiver would take it) and returns true.
   virtual bool oversized(const Bridged& channel, std::size_t bytes) = 0;
-  /// Sends a request to a live node serving `channel`. Takes `pending` and finishes it (now
-  /// with a failure, or later with the reply, a timeout or "peer gone").
+  /// Sends a request, for `principal` (or nobody), to a live node serving `channel`. Takes
+  /// `pending` and finishes it (now with a failure, or later with the reply, a timeout or "peer
+  /// gone").
   virtual void call(Bridged& channel, std::string payload, Clock::time_point deadline,
-                    std::unique_ptr<PendingCall> pending) = 0;
+                    PrincipalPtr principal, std::unique_ptr<PendingCall> pending) = 0;
   /// Calls from other threads that do not pass through the bridge thread (see DirectCalls). It
   /// may outlive the link.
   virtual std::shared_ptr<DirectCalls> direct_calls() = 0;
@@ -550,7 +551,8 @@ class ImportEndpoint final : public Bridged {
             std::string payload;
             encode(env.request, payload);
             Clock::time_point deadline = env.deadline;
-            link.call(*this, std::move(payload), deadline,
+            PrincipalPtr principal = env.principal;
+            link.call(*this, std::move(payload), deadline, std::move(principal),
                       std::make_unique<Call>(link, state, std::move(env)));
           },
           std::make_shared<const typename bus::detail::EndpointTarget<Req, Rep>::Direct>(
