@@ -1,8 +1,10 @@
-# Links Abseil and Cap'n Proto from their static archives (Debian ships both forms): a program
-# then loads a handful of shared libraries instead of ~60 (Abseil alone is 41 small ones), which
-# is most of its start-up (docs/benchmarks.md, "Start-up"). Only this project's own programs are
-# affected; an installed bus::* target still names the dependencies for the consumer to resolve.
-option(BUS_STATIC_DEPS "Link Abseil and Cap'n Proto statically into this project's programs" ON)
+# Links Abseil, Cap'n Proto and ZeroMQ (with libsodium) from their static archives (Debian ships
+# both forms): a program then loads 20 shared libraries instead of 68 (Abseil alone is 41 small
+# ones), which halves its start-up (docs/benchmarks.md, "Start-up"). OpenSSL stays shared, so
+# that its security updates apply without a rebuild. Only this project's own programs are
+# affected: an installed bus::* target still names the dependencies for the consumer to resolve.
+option(BUS_STATIC_DEPS "Link Abseil, Cap'n Proto and ZeroMQ statically into this project's programs"
+       ON)
 
 # Before find_package(CapnProto): its config looks for each library with find_library() into a
 # cache variable, and takes a .a it is given there as a static library.
@@ -44,3 +46,23 @@ function(bus_absl_prefer_static)
     endforeach()
   endforeach()
 endfunction()
+
+# Before find_package(cppzmq): its libzmq comes from find_library(ZeroMQ_LIBRARY); given the
+# archive, the libraries it uses go with it (pkg-config --static --libs libzmq; those it does not
+# use are dropped by --as-needed).
+macro(bus_zmq_prefer_static)
+  if(BUS_STATIC_DEPS)
+    find_library(_bus_static_zmq NAMES libzmq.a)
+    find_library(_bus_static_sodium NAMES libsodium.a)
+    if(_bus_static_zmq AND _bus_static_sodium)
+      set(ZeroMQ_LIBRARY "${_bus_static_zmq}" CACHE FILEPATH "" FORCE)
+      set(_bus_zmq_static_deps "${_bus_static_sodium}" gssapi_krb5 pgm norm bsd rt Threads::Threads)
+    endif()
+  endif()
+endmacro()
+# After it: what the archive needs.
+macro(bus_zmq_static_deps)
+  if(_bus_zmq_static_deps AND TARGET libzmq)
+    set_property(TARGET libzmq APPEND PROPERTY INTERFACE_LINK_LIBRARIES ${_bus_zmq_static_deps})
+  endif()
+endmacro()
