@@ -8,18 +8,34 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <typeinfo>
 #include <vector>
 
 #include "bus/detail/core.hpp"
 #include "bus/principal.hpp"
+#include "bus/replier.hpp"
 
 namespace bus::detail {
+
+/// Calls an endpoint handler that returns Rep or absl::StatusOr<Rep>, as absl::StatusOr<Rep>.
+template <class Rep, class F, class... A>
+absl::StatusOr<Rep> invoke_handler(F& f, A&&... a) {
+  using R = std::invoke_result_t<F&, A...>;
+  if constexpr (std::is_same_v<std::remove_cvref_t<R>, absl::StatusOr<Rep>>) {
+    return std::invoke(f, std::forward<A>(a)...);
+  } else {
+    static_assert(std::is_convertible_v<R, Rep>,
+                  "an endpoint handler returns the endpoint's reply type or absl::StatusOr of it");
+    return absl::StatusOr<Rep>(std::invoke(f, std::forward<A>(a)...));
+  }
+}
 
 std::string describe_exception(std::exception_ptr e);
 
@@ -462,63 +478,6 @@ template <class Req, class Rep>
 struct EndpointTarget;
 
 }  // namespace bus::detail
-
-namespace bus {
-
-/// The answer to one request served by Bus::serve_async: call it once, from any thread, with
-/// the reply or a status, before the bus goes. Dropped unanswered, it answers Internal.
-template <class Rep>
-class Replier {
- public:
-  Replier(Replier&& o) noexcept
-      : send_(std::exchange(o.send_, nullptr)),
-        state_(o.state_),
-        core_(o.core_),
-        reply_to_(o.reply_to_),
-        waiter_(std::move(o.waiter_)),
-        correlation_(o.correlation_),
-        channel_(o.channel_) {}
-  Replier& operator=(Replier&&) = delete;
-  Replier(const Replier&) = delete;
-  ~Replier() {
-    if (send_ != nullptr) {
-      (*this)(absl::InternalError(absl::StrCat("bus: the handler of '",
-                                               detail::channel_info(channel_).name,
-                                               "' dropped its reply unanswered")));
-    }
-  }
-  void operator()(absl::StatusOr<Rep> result) {
-    if (send_ == nullptr) return;  // answered already
-    std::exchange(send_, nullptr)(state_, *core_, reply_to_, waiter_, correlation_,
-                                  std::move(result));
-  }
-  /// False once answered.
-  explicit operator bool() const { return send_ != nullptr; }
-
- private:
-  template <class, class>
-  friend struct detail::EndpointTarget;
-  using Send = void (*)(void*, detail::Core&, detail::Inbox*, std::shared_ptr<detail::Waiter<Rep>>&,
-                        uint64_t, absl::StatusOr<Rep>&&);
-  Replier(Send send, void* state, detail::Core& core, detail::Inbox* reply_to,
-          std::shared_ptr<detail::Waiter<Rep>> waiter, uint64_t correlation, uint32_t channel)
-      : send_(send),
-        state_(state),
-        core_(&core),
-        reply_to_(reply_to),
-        waiter_(std::move(waiter)),
-        correlation_(correlation),
-        channel_(channel) {}
-  Send send_;
-  void* state_;
-  detail::Core* core_;
-  detail::Inbox* reply_to_;
-  std::shared_ptr<detail::Waiter<Rep>> waiter_;
-  uint64_t correlation_;
-  uint32_t channel_;
-};
-
-}  // namespace bus
 
 namespace bus::detail {
 
