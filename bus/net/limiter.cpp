@@ -38,10 +38,10 @@ uint64_t random_id() {
 struct RateLimiter::Impl {
   Impl(Bus& b, std::string n, uint64_t self, LimiterOptions o)
       : bus(b), name(std::move(n)), id(self), opts(std::move(o)), topic(topic_for(name)) {
-    if (opts.window_.count() <= 0) {
+    if (opts.window().count() <= 0) {
       throw std::invalid_argument("bus::net::RateLimiter: the window must be positive");
     }
-    if (!opts.clock_) opts.clock_ = [] { return SysClock::now(); };
+    if (!opts.clock()) opts.clock([] { return SysClock::now(); });
   }
 
   struct Key {
@@ -69,7 +69,7 @@ struct RateLimiter::Impl {
 
   int64_t window_at(SysClock::time_point t) const {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-    int64_t w = opts.window_.count();
+    int64_t w = opts.window().count();
     return ms >= 0 ? ms / w : (ms - w + 1) / w;
   }
   /// The key's state in window `w`; a key of an older window starts over. (A newer one stays:
@@ -85,15 +85,15 @@ struct RateLimiter::Impl {
     }
     return e;
   }
-  uint64_t over(uint64_t total) const { return total > opts.limit_ ? total - opts.limit_ : 0; }
+  uint64_t over(uint64_t total) const { return total > opts.limit() ? total - opts.limit() : 0; }
 
   Decision admit(std::string_view k, uint64_t n) {
-    auto now = opts.clock_();
+    auto now = opts.clock()();
     int64_t w = window_at(now);
     std::lock_guard lock(mu);
     Key& e = at(k, w);
     Decision d;
-    if (e.total() + n <= opts.limit_) {
+    if (e.total() + n <= opts.limit()) {
       e.local += n;
       e.dirty = true;
       st.admitted += n;
@@ -101,7 +101,7 @@ struct RateLimiter::Impl {
     } else {
       st.refused += n;
       auto end =
-          SysClock::time_point(std::chrono::milliseconds((e.window + 1) * opts.window_.count()));
+          SysClock::time_point(std::chrono::milliseconds((e.window + 1) * opts.window().count()));
       d.retry_after = std::max(std::chrono::milliseconds(1),
                                std::chrono::ceil<std::chrono::milliseconds>(end - now));
     }
@@ -113,7 +113,7 @@ struct RateLimiter::Impl {
   void take(const CountsMessage& m) {
     auto r = m.reader();
     if (r.getNode() == id || r.getLimiter() != name) return;
-    int64_t now_w = window_at(opts.clock_());
+    int64_t now_w = window_at(opts.clock()());
     int64_t w = r.getWindow();
     std::lock_guard lock(mu);
     if (w < now_w) {
@@ -137,7 +137,7 @@ struct RateLimiter::Impl {
 
   /// Publishes this node's counts: the keys that changed, or all of them.
   void exchange(bool all) {
-    int64_t w = window_at(opts.clock_());
+    int64_t w = window_at(opts.clock()());
     std::vector<std::pair<std::string, uint64_t>> out;
     {
       std::lock_guard lock(mu);
@@ -173,8 +173,8 @@ struct RateLimiter::Impl {
     sub = bus.subscribe(topic, [weak](const CountsMessage& m) {
       if (auto s = weak.lock()) s->take(m);
     });
-    if (opts.exchange_.count() > 0) {
-      timer = bus.every(Placement{}, opts.exchange_, [weak] {
+    if (opts.exchange().count() > 0) {
+      timer = bus.every(Placement{}, opts.exchange(), [weak] {
         if (auto s = weak.lock()) s->exchange(false);
       });
     }
@@ -201,7 +201,7 @@ RateLimiter::~RateLimiter() {
 Decision RateLimiter::admit(std::string_view key, uint64_t n) { return impl_->admit(key, n); }
 
 uint64_t RateLimiter::known(std::string_view key) const {
-  int64_t w = impl_->window_at(impl_->opts.clock_());
+  int64_t w = impl_->window_at(impl_->opts.clock()());
   std::lock_guard lock(impl_->mu);
   auto it = impl_->keys.find(absl::string_view(key.data(), key.size()));
   return it == impl_->keys.end() || it->second.window != w ? 0 : it->second.total();

@@ -132,14 +132,14 @@ namespace {}  // namespace
 
 struct StatsdExporter::Impl {
   Impl(Bus& b, StatsdOptions o)
-      : bus(b), opts(std::move(o)), writer(opts.prefix_, opts.max_packet_) {
+      : bus(b), opts(std::move(o)), writer(opts.prefix(), opts.max_packet()) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_DGRAM;
     addrinfo* res = nullptr;
-    std::string port = std::to_string(opts.port_);
-    if (int rc = getaddrinfo(opts.host_.c_str(), port.c_str(), &hints, &res); rc != 0) {
-      throw std::invalid_argument(absl::StrCat("bus::StatsdExporter: cannot resolve '", opts.host_,
+    std::string port = std::to_string(opts.port());
+    if (int rc = getaddrinfo(opts.host().c_str(), port.c_str(), &hints, &res); rc != 0) {
+      throw std::invalid_argument(absl::StrCat("bus::StatsdExporter: cannot resolve '", opts.host(),
                                                "': ", gai_strerror(rc)));
     }
     fd = ::socket(res->ai_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -148,8 +148,8 @@ struct StatsdExporter::Impl {
     freeaddrinfo(res);
     if (err != 0) {
       if (fd >= 0) ::close(fd);
-      throw std::invalid_argument(absl::StrCat("bus::StatsdExporter: cannot use ", opts.host_, ":",
-                                               opts.port_, ": ", std::strerror(err)));
+      throw std::invalid_argument(absl::StrCat("bus::StatsdExporter: cannot use ", opts.host(), ":",
+                                               opts.port(), ": ", std::strerror(err)));
     }
   }
   ~Impl() {
@@ -186,7 +186,7 @@ struct StatsdExporter::Impl {
   void run() {
     std::unique_lock lock(mu);
     while (!stopping) {
-      if (cv.wait_for(lock, opts.interval_, [&] { return stopping; })) break;
+      if (cv.wait_for(lock, opts.interval(), [&] { return stopping; })) break;
       lock.unlock();
       push();
       lock.lock();
@@ -208,7 +208,7 @@ struct StatsdExporter::Impl {
 
 StatsdExporter::StatsdExporter(Bus& bus, StatsdOptions options)
     : impl_(std::make_unique<Impl>(bus, std::move(options))) {
-  if (impl_->opts.interval_.count() <= 0) {
+  if (impl_->opts.interval().count() <= 0) {
     throw std::invalid_argument("bus::StatsdExporter: the interval must be positive");
   }
   impl_->thread = std::thread([this] { impl_->run(); });

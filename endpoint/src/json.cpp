@@ -42,8 +42,8 @@ struct FieldInfo {
 };
 
 /// The field of `schema` named `name`, if any. `findFieldByName` and `Field::getType` read the
-/// schema's encoded node on each call (about 600 instructions per parameter and request), so the
-/// fields found are kept per thread and schema; names that are no field are looked up each time
+/// schema's encoded node on each call, a cost per parameter and request, so the fields found
+/// are kept per thread and schema; names that are no field are looked up each time
 /// (a client choosing query parameter names must not grow the cache).
 std::optional<FieldInfo> find_field(capnp::StructSchema schema, std::string_view name) {
   using Fields = absl::flat_hash_map<std::string, FieldInfo>;
@@ -105,8 +105,7 @@ absl::Status set_param(capnp::DynamicStruct::Builder out, const FieldInfo& f, st
   };
   const capnp::StructSchema::Field& field = f.field;
   if (f.pointer >= 0) {
-    // What DynamicStruct::Builder::set does for such a field, without reading the schema again
-    // (about 500 instructions per parameter).
+    // What DynamicStruct::Builder::set does for such a field, without reading the schema again.
     auto slots = out.as<capnp::AnyStruct>().getPointerSection();
     if (static_cast<unsigned>(f.pointer) < slots.size()) {
       if (f.type == capnp::schema::Type::TEXT) {

@@ -55,20 +55,26 @@ Call<Req, Rep> call(const Endpoint<Req, Rep>& endpoint, R&& request) {
   return Call<Req, Rep>{&endpoint, Req(std::forward<R>(request)), std::nullopt};
 }
 
-struct ReactorOptions {
+/// How many compositions a Reactor keeps, with fluent setters.
+class ReactorOptions {
+ public:
   /// Compositions with requests still out, at most; past it a new one is refused at once (its
   /// continuation gets ResourceExhausted for every call) and counted.
-  std::size_t max_pending = 10'000;
   ReactorOptions& max_pending_compositions(std::size_t n) {
-    max_pending = n;
+    max_pending_compositions_ = n;
     return *this;
   }
+  std::size_t max_pending_compositions() const { return max_pending_compositions_; }
+
+ private:
+  std::size_t max_pending_compositions_ = 10'000;
 };
 
 struct ReactorStats {
   uint64_t started = 0;    // compositions whose requests went out
   uint64_t completed = 0;  // continuations that ran
-  uint64_t rejected = 0;   // refused: max_pending reached (their continuation got the refusal)
+  uint64_t rejected =
+      0;  // refused: max_pending_compositions reached (their continuation got the refusal)
   uint64_t abandoned = 0;  // continuations dropped because the reactor went first
   uint64_t pending = 0;    // now: compositions with requests still out
 };
@@ -128,7 +134,8 @@ class EachOf;
 class Reactor {
  public:
   explicit Reactor(Bus& bus, ReactorOptions options = {})
-      : bus_(bus), core_(std::make_shared<detail::ReactorCore>(options.max_pending)) {}
+      : bus_(bus),
+        core_(std::make_shared<detail::ReactorCore>(options.max_pending_compositions())) {}
   Reactor(const Reactor&) = delete;
   Reactor& operator=(const Reactor&) = delete;
   ~Reactor() {
@@ -216,8 +223,9 @@ class Reactor {
     });
   }
   static absl::Status refusal(std::size_t max) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("bus: too many compositions in progress (max_pending ", max, ")"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "bus: too many compositions in progress (ReactorOptions::max_pending_compositions ", max,
+        ")"));
   }
   template <class Call, class CB>
   void issue(detail::Producer& p, Call&& c, Clock::time_point now, Clock::duration timeout,

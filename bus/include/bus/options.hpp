@@ -50,11 +50,11 @@ class Options {
   std::size_t max_pending_requests() const { return max_pending_requests_; }
 
   /// How long an idle executor polls before it parks.
-  Options& spin(std::chrono::microseconds d) {
+  Options& spin(std::chrono::steady_clock::duration d) {
     spin_ = d;
     return *this;
   }
-  std::chrono::microseconds spin() const { return spin_; }
+  std::chrono::steady_clock::duration spin() const { return spin_; }
 
   /// Pin executor i to core i % cores.
   Options& pin_executors(bool on) {
@@ -68,7 +68,7 @@ class Options {
   std::size_t ring_bytes_ = 64 * 1024;
   std::size_t executor_backlog_ = 1 << 16;
   std::size_t max_pending_requests_ = 1 << 20;
-  std::chrono::microseconds spin_{50};
+  std::chrono::steady_clock::duration spin_ = std::chrono::microseconds(50);
   bool pin_ = false;
 };
 

@@ -27,28 +27,42 @@
 
 namespace bus {
 
-struct StatsdOptions {
-  std::string host_ = "127.0.0.1";
-  uint16_t port_ = 8125;
-  std::chrono::milliseconds interval_{10'000};
-  std::string prefix_ = "bus";
-  std::size_t max_packet_ = 1432;  // fits an Ethernet MTU with IP and UDP headers
-
-  /// "host:port" (an IPv4 address or a name).
+/// Where and how often the exporter pushes, with fluent setters:
+/// `bus::StatsdOptions().address("127.0.0.1:8125").interval(std::chrono::seconds(10))`.
+class StatsdOptions {
+ public:
+  /// "host:port" (an IPv4 address or a name). Throws std::invalid_argument when malformed.
   StatsdOptions& address(std::string_view host_port);
-  StatsdOptions& interval(std::chrono::milliseconds i) {
+  const std::string& host() const { return host_; }
+  uint16_t port() const { return port_; }
+
+  /// Between pushes (more than zero).
+  StatsdOptions& interval(std::chrono::steady_clock::duration i) {
     interval_ = i;
     return *this;
   }
+  std::chrono::steady_clock::duration interval() const { return interval_; }
+
   /// Prepended to every name, with a dot (empty: none).
   StatsdOptions& prefix(std::string p) {
     prefix_ = std::move(p);
     return *this;
   }
+  const std::string& prefix() const { return prefix_; }
+
+  /// The largest datagram; lines never straddle two.
   StatsdOptions& max_packet(std::size_t bytes) {
     max_packet_ = bytes;
     return *this;
   }
+  std::size_t max_packet() const { return max_packet_; }
+
+ private:
+  std::string host_ = "127.0.0.1";
+  uint16_t port_ = 8125;
+  std::chrono::steady_clock::duration interval_ = std::chrono::seconds(10);
+  std::string prefix_ = "bus";
+  std::size_t max_packet_ = 1432;  // fits an Ethernet MTU with IP and UDP headers
 };
 
 /// What a source writes its figures into. Names are dotted paths; characters StatsD reserves

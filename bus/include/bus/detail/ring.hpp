@@ -143,8 +143,8 @@ class Ring {
   /// commit() and publish() of the record of `header` at `record`, which ends at `end`, when
   /// nothing else is unpublished (so no run is open): a plain thread outside a Batch, which
   /// publishes each record at once. (A marker before the record was published already.)
-  /// publish_to() spelled out with the record's address at hand: through published_, read
-  /// again after the payload's stores (which may alias it), it cost 7 instructions per message.
+  /// publish_to() spelled out with the record's address at hand, so that published_ is not read
+  /// again after the payload's stores (which may alias it).
   [[gnu::always_inline]] void commit_publish(uint64_t* record, uint64_t header, uint64_t end) {
     assert(run_header_ == 0 && record == buf_ + (published_ & mask_));
     buf_[end & mask_] = kEmpty;
@@ -190,8 +190,7 @@ class Ring {
     return run_at_;
   }
   /// Where the next word goes. Never null (the constructor throws instead): telling the compiler
-  /// so folds away the callers' checks of try_reserve() on their fast paths (72 instead of 78
-  /// instructions per message published in a Batch, when extend_at() came here too).
+  /// so folds away the callers' checks of try_reserve() on their fast paths.
   ///
   /// It also asks for the line kPrefetchWords ahead, to be written (see there).
   [[gnu::always_inline]] uint64_t* at_write() const {
@@ -202,14 +201,11 @@ class Ring {
   }
   /// How far ahead of the write position the producer asks for lines (1 KiB, 16 lines). The
   /// consumer read them last time round, so the producer's first store to each must take the
-  /// line back from the consumer's core (100-200 ns across this VM's cores). Without the
-  /// prefetch those stores queue up: a store buffer holds a few dozen, so with several stores
-  /// per message (the record, the caller's stack) the producer stalled on about one line at a
-  /// time; with it, many lines are on their way at once (docs/core.md has the figures: a plain
-  /// thread's publish per message went from 83 to 171 M msgs/s). 64 words did as well for 8-byte
-  /// messages and worse for 64-byte ones. The address is not wrapped (one instruction, not three):
-  /// near the buffer's end it falls in a padding of kPrefetchWords after it, allocated with the
-  /// buffer so that the prefetch takes no line another thread writes.
+  /// line back from the consumer's core. Without the prefetch those stores fill the store
+  /// buffer and the producer waits for about one line at a time; with it, many lines are on
+  /// their way at once (docs/core.md, "Rings and records"). The address is not wrapped: near the
+  /// buffer's end it falls in a padding of kPrefetchWords after it, allocated with the buffer so
+  /// that the prefetch takes no line another thread writes.
   static constexpr uint64_t kPrefetchWords = 128;
   void extended(uint32_t payload_words) { run_at_ += payload_words; }
   /// How many payloads of `payload_words` the open run of `header`'s target can still take,

@@ -41,12 +41,12 @@ bool on_one_cpu();
 
 // ---- clocks -------------------------------------------------------------------------------
 //
-// steady_clock (CLOCK_MONOTONIC) costs 20-30 ns a read here. A request's server looks at its
-// deadline, and an executor waiting for replies looks at the earliest deadline every pass: both
-// on a request's way, and mostly the deadline is far off. CLOCK_MONOTONIC_COARSE, the same clock
-// as of its last tick, costs 3-4 ns. It lags by a tick or two (8 ms after an idle CPU woke,
-// here), so it answers only where a lag of coarse_margin() (8 ticks) could not change the
-// answer; elsewhere the precise clock does. (Were it ever to lag more, a deadline would be seen
+// A request's server looks at its deadline, and an executor waiting for replies looks at the
+// earliest deadline every pass: both on a request's way, and mostly the deadline is far off.
+// CLOCK_MONOTONIC_COARSE, the same clock as of its last tick, reads several times faster than
+// steady_clock (CLOCK_MONOTONIC) but lags by a tick or two (more after an idle CPU woke), so it
+// answers only where a lag of coarse_margin() (8 ticks) could not change the answer; elsewhere
+// the precise clock does. (Were it ever to lag more, a deadline would be seen
 // that much later: a server would run a handler whose caller gave up moments before.) Deadlines
 // themselves are set from the precise clock.
 
@@ -92,8 +92,8 @@ template <std::ptrdiff_t kOffset>
 #endif
 }
 /// prefetch_for_write() of the line `kOffset` bytes past `at` (an open run's cursor).
-/// Ring::at_write() keeps the base-and-index form above: forming the address first cost it 2
-/// instructions per Bus::publish() (88.1 -> 90.1 under bench/run_instructions.sh).
+/// Ring::at_write() keeps the base-and-index form above: forming the address first lengthens
+/// the publish path.
 template <std::ptrdiff_t kOffset>
 [[gnu::always_inline]] inline void prefetch_for_write(const uint64_t* at) {
 #if defined(__x86_64__)

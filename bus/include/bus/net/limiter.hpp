@@ -34,31 +34,44 @@
 
 namespace bus::net {
 
-struct LimiterOptions {
-  uint64_t limit_ = 100;
-  std::chrono::milliseconds window_{1000};
-  std::chrono::milliseconds exchange_{100};
-  std::function<std::chrono::system_clock::time_point()> clock_;
-
+/// How a RateLimiter counts, with fluent setters:
+/// `bus::net::LimiterOptions().limit(100).window(std::chrono::minutes(1))`.
+class LimiterOptions {
+ public:
   /// Events admitted per key per window, over all nodes.
   LimiterOptions& limit(uint64_t n) {
     limit_ = n;
     return *this;
   }
+  uint64_t limit() const { return limit_; }
+
+  /// The window, in whole milliseconds (more than zero): windows are numbered from the epoch
+  /// of the wall clock, so that every node counts the same window.
   LimiterOptions& window(std::chrono::milliseconds w) {
     window_ = w;
     return *this;
   }
+  std::chrono::milliseconds window() const { return window_; }
+
   /// How often a node publishes its counts. Zero: only when exchange() is called.
-  LimiterOptions& exchange(std::chrono::milliseconds e) {
+  LimiterOptions& exchange(std::chrono::steady_clock::duration e) {
     exchange_ = e;
     return *this;
   }
-  /// The wall clock (tests give their own).
+  std::chrono::steady_clock::duration exchange() const { return exchange_; }
+
+  /// The wall clock (tests give their own); empty: std::chrono::system_clock.
   LimiterOptions& clock(std::function<std::chrono::system_clock::time_point()> c) {
     clock_ = std::move(c);
     return *this;
   }
+  const std::function<std::chrono::system_clock::time_point()>& clock() const { return clock_; }
+
+ private:
+  uint64_t limit_ = 100;
+  std::chrono::milliseconds window_{1000};
+  std::chrono::steady_clock::duration exchange_ = std::chrono::milliseconds(100);
+  std::function<std::chrono::system_clock::time_point()> clock_;
 };
 
 struct Decision {
