@@ -86,13 +86,34 @@ int role_pub(const Args& a) {
   }
   std::printf("published n=%llu\n", static_cast<unsigned long long>(n));
   std::fflush(stdout);
-  wait_for_stdin_eof();  // the subscribers have accounted for everything by then
-  bus::net::NodeStats s = node.stats();
-  std::string missed;
-  for (const auto& t : s.traffic) {
-    if (t.channel == kBlobs.name() && t.peer != 0) {
-      missed += " missed_by." + t.peer_name + "=" + std::to_string(t.peer_missed);
+  // Then the driver says what each subscriber counted missing ("missed sub1=N ..."): wait, within
+  // a bound, until their heartbeats have told us the same.
+  std::map<std::string, uint64_t> told;
+  std::string line;
+  if (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    for (std::string kv; in >> kv;) {
+      if (auto eq = kv.find('='); eq != std::string::npos) {
+        told[kv.substr(0, eq)] = std::strtoull(kv.c_str() + eq + 1, nullptr, 10);
+      }
     }
+  }
+  auto missed_by = [&](const bus::net::NodeStats& st) {
+    std::map<std::string, uint64_t> m;
+    for (const auto& t : st.traffic) {
+      if (t.channel == kBlobs.name() && t.peer != 0) m[t.peer_name] += t.peer_missed;
+    }
+    return m;
+  };
+  bus::net::NodeStats s = node.stats();
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       missed_by(s) != told && std::chrono::steady_clock::now() < until;
+       std::this_thread::sleep_for(10ms)) {
+    s = node.stats();
+  }
+  std::string missed;
+  for (const auto& [name, count] : missed_by(s)) {
+    missed += " missed_by." + name + "=" + std::to_string(count);
   }
   std::printf("result published=%llu publish_cuts=%llu publish_stalls=%llu peers_lost=%llu%s\n",
               static_cast<unsigned long long>(s.published),
@@ -100,6 +121,7 @@ int role_pub(const Args& a) {
               static_cast<unsigned long long>(s.publish_stalls),
               static_cast<unsigned long long>(s.peers_lost), missed.c_str());
   std::fflush(stdout);
+  wait_for_stdin_eof();
   return 0;
 }
 
@@ -135,11 +157,13 @@ int role_sub(const Args& a) {
     std::this_thread::sleep_for(10ms);
   }
   const bool ok = t.received + t.gaps == n;
-  node.stop();
-  sub.cancel();  // waits for a running handler: the counts are ours now
+  // Waits for a running handler: the counts are ours now. The node stays (its heartbeats tell
+  // the publisher what it missed) until the driver closes our stdin.
+  sub.cancel();
   std::string counts;
   for (std::size_t i = 0; i < buckets.size(); ++i) {
-    counts += (i ? "," : "") + std::to_string(buckets[i]);
+    if (i > 0) counts += ',';
+    counts += std::to_string(buckets[i]);
   }
   std::printf(
       "result ok=%d count=%llu received=%llu gaps=%llu start=%llu bucket_ns=%llu "
@@ -273,7 +297,10 @@ int drive(int argc, char** argv) {
   const uint64_t total_ms = n("before_ms") + n("stall_ms") + n("after_ms");
   const std::string me = self();
   std::string cmd;
-  for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0) cmd += ' ';
+    cmd += argv[i];
+  }
   std::time_t now = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", std::localtime(&now));
@@ -301,7 +328,8 @@ int drive(int argc, char** argv) {
     for (const std::string& name : kSubs) {
       subs.push_back(Proc::start(
           {me, "sub", "name=" + name, "endpoint=" + endpoint, "bucket_ms=" + opt["bucket_ms"]}));
-      peers += (peers.empty() ? "" : ",") + subs.back().expect("ready").at("publish");
+      if (!peers.empty()) peers += ',';
+      peers += subs.back().expect("ready").at("publish");
     }
     Proc pub =
         Proc::start({me, "pub", "endpoint=" + endpoint, "peers=" + peers, "size=" + opt["size"],
@@ -320,10 +348,12 @@ int drive(int argc, char** argv) {
     std::vector<std::map<std::string, std::string>> results;
     for (Proc& s : subs) s.say("expect " + std::to_string(published));
     for (Proc& s : subs) results.push_back(s.expect("result"));
-    pub.close_stdin();  // it prints its figures and stops
+    std::string gaps = "missed";
+    for (std::size_t i = 0; i < subs.size(); ++i) gaps += " " + kSubs[i] + "=" + results[i]["gaps"];
+    pub.say(gaps);
     auto pr = pub.expect("result");
-    for (Proc& s : subs) s.finish();
     pub.finish();
+    for (Proc& s : subs) s.finish();
     double h1 = rate_in(results[0], from, to), h2 = rate_in(results[1], from, to);
     bool ok = true;
     std::printf("run %llu %-8s published %llu; healthy in the window: sub1 %.0f, sub2 %.0f msgs/s",

@@ -487,9 +487,8 @@ void Bridge::shutdown() {
     if (stall_) {
       (void)retry_stall();  // the goodbye waits for room like a topic frame, then goes past
     } else if (Clock::now() >= again) {
-      // A subscriber that had no room for the goodbye (it was cut) may have caught up since:
-      // say it again, after everything (a second goodbye changes nothing for the others).
-      cutting_until_ = Clock::now() + 1h;
+      // A subscriber that had no room for the goodbye (it was passed over) may have caught up
+      // since: say it again, after everything (a second goodbye changes nothing for others).
       (void)heartbeat(/*leaving=*/true);
       again = Clock::now() + milliseconds(100);
     }

@@ -309,7 +309,7 @@ class Bridge final : public Link {
   void flush_peer_backlogs();
   void flush_reply_backlog();
   /// Sends the held frame, or sends it on without the full subscriber once send_stall_limit
-  /// passed (or while cutting already); false while it is still held.
+  /// passed; false while it is still held.
   bool retry_stall();
   /// The number the next message on `ch` takes, counting only what the publisher socket took.
   uint64_t sent_next(const Bridged& ch) const;
@@ -374,9 +374,6 @@ class Bridge final : public Link {
   absl::flat_hash_map<uint64_t, Clock::time_point> declared_dead_;
   uint64_t sub_frames_ = 0;         // frames read from the subscriber socket
   Clock::time_point last_check_{};  // of check_peers(): how long this thread was away
-  // Until then, a frame a full subscriber refuses is sent on without it at once (see
-  // retry_stall): a subscriber that filled up once is not waited for again at every frame.
-  Clock::time_point cutting_until_{};
   // Reply frames the ROUTER did not take yet, with the replies each holds.
   std::deque<std::pair<std::vector<zmq::message_t>, std::size_t>> reply_backlog_;
   std::vector<ReplyBatch> reply_batches_;  // replies of this pass, per requester and endpoint

@@ -165,20 +165,15 @@ bool Bridge::retry_stall() {
     stall_.reset();
     return true;
   }
-  const auto now = Clock::now();
-  const bool cutting = now < cutting_until_;
-  if (!cutting && now - stall_->since < opt_.send_stall_limit()) return false;
-  if (!cutting) {
-    ++counters_.publish_cuts;
-    log_once("cut",
-             absl::StrCat("a subscriber's queue stayed full for ", opt_.send_stall_limit().count(),
-                          " ms: sending on without it (it counts what it misses)"));
-  }
-  // Without NODROP, ZeroMQ writes the frame to every subscriber with room and skips a full one,
-  // which it then leaves out until half its queue is read. Further frames a full subscriber
-  // refuses in the next while are sent past it at once: it is behind, and holding everyone
-  // back for it at every frame is what this is for avoiding.
-  cutting_until_ = now + std::max<Clock::duration>(10 * opt_.send_stall_limit(), 1s);
+  if (Clock::now() - stall_->since < opt_.send_stall_limit()) return false;
+  ++counters_.publish_cuts;
+  log_once("cut",
+           absl::StrCat("a subscriber's queue stayed full for ", opt_.send_stall_limit().count(),
+                        " ms: sending on without it (it counts what it misses)"));
+  // Without NODROP, ZeroMQ writes the frame to every subscriber with room and skips a full one.
+  // It then leaves that one out of every send, NODROP or not, until half of its queue is read:
+  // a stopped subscriber is passed over from now on, while the others still hold the publisher
+  // back when they are full (and are waited for, up to the limit).
   xpub_->set(zmq::sockopt::xpub_nodrop, 0);
   (void)send_all(*xpub_, stall_->parts);  // never refused without NODROP
   xpub_->set(zmq::sockopt::xpub_nodrop, 1);
