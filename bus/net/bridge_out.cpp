@@ -609,9 +609,17 @@ void Bridge::check_peers() {
     if (behind && sub_frames_ - p.frames_at_seen < kFairFrames) continue;
     dead.push_back(id);
   }
+  // Bounded like the sequence state: what is kept for peers that may come back.
   if (declared_dead_.size() > kMaxSenders) {
     absl::erase_if(declared_dead_, [&](const auto& d) { return now - d.second > 1h; });
     if (declared_dead_.size() > kMaxSenders) declared_dead_.clear();
+  }
+  if (reported_missed_.size() > kMaxSenders) {
+    absl::erase_if(reported_missed_, [&](const auto& r) {
+      if (peers_.contains(r.first)) return false;
+      for (const auto& [channel, n] : r.second) missed_gone_[channel] += n;
+      return true;
+    });
   }
   for (uint64_t id : dead) {
     ++counters_.peers_lost;
