@@ -127,9 +127,10 @@ if ((token_kinds)); then
   openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$tmp/es256.key" 2>/dev/null
   openssl rand -hex 32 | tr -d '\n' >"$tmp/hs256.key"
   for alg in rs256 es256; do openssl pkey -in "$tmp/$alg.key" -pubout -out "$tmp/$alg.pub"; done
-  python3 tests/endpoint/tools/mint_jwt.py --jwks "$tmp/jwks.json" rs256="$tmp/rs256.pub" \
+  # Debian's python3 (python3-jwt), whatever python3 comes first on PATH.
+  /usr/bin/python3 tests/endpoint/tools/mint_jwt.py --jwks "$tmp/jwks.json" rs256="$tmp/rs256.pub" \
     es256="$tmp/es256.pub" hs256="oct:$tmp/hs256.key"
-  python3 - "$tmp" <<'PY'
+  /usr/bin/python3 - "$tmp" <<'PY'
 import sys, time, jwt
 tmp = sys.argv[1]
 for alg in ("RS256", "ES256", "HS256"):
