@@ -20,7 +20,14 @@
 #   openssl) and the same TLS 1.2/1.3 protocols and ciphers (greeting_server's defaults)
 #   NEW_CONNECTION [0]: 1 makes every request a new connection ("Connection: close": wrk
 #   reconnects, with a full TLS handshake each time under TLS=1)  PATH_ [/greeting/Sergio]
-#   HEADER [""]: one more request header (e.g. "Authorization: Bearer ..." for the token cost)
+#   HEADER [""]: one more request header
+#
+# Bearer tokens: SERVERS may also hold rs256, es256, hs256 (greeting_server with a JWK Set of an
+# RSA 2048, an EC P-256 and an HS256 key made here, its greeting route requiring a token; wrk
+# sends the same token with every request, as a client does, so the I/O thread's cache answers
+# after the first) and rs256-new, es256-new, hs256-new (a different token on every request, from
+# 5,000 minted with PyJWT, more than the cache holds: each one is verified). With any of them
+# every measurement, bus's too, goes through bench/http/tokens.lua, and bus sends no token.
 #
 # The whole log (machine, raw wrk output of every measurement, summary) is appended to OUT.
 set -euo pipefail
@@ -111,6 +118,34 @@ wrk_extra=()
 ((NEW_CONNECTION)) && wrk_extra+=(-H "Connection: close")
 [[ -n $HEADER ]] && wrk_extra+=(-H "$HEADER")
 
+# Bearer tokens (see the top): keys, the server's JWK Set, and the tokens each kind sends.
+token_kinds=0
+for kind in $SERVERS; do [[ $kind =~ ^(rs|es|hs)256(-new)?$ ]] && token_kinds=1; done
+if ((token_kinds)); then
+  bash scripts/deps.sh python3-jwt python3-cryptography
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$tmp/rs256.key" 2>/dev/null
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$tmp/es256.key" 2>/dev/null
+  openssl rand -hex 32 | tr -d '\n' >"$tmp/hs256.key"
+  for alg in rs256 es256; do openssl pkey -in "$tmp/$alg.key" -pubout -out "$tmp/$alg.pub"; done
+  # Debian's python3 (python3-jwt), whatever python3 comes first on PATH.
+  /usr/bin/python3 tests/endpoint/tools/mint_jwt.py --jwks "$tmp/jwks.json" rs256="$tmp/rs256.pub" \
+    es256="$tmp/es256.pub" hs256="oct:$tmp/hs256.key"
+  /usr/bin/python3 - "$tmp" <<'PY'
+import sys, time, jwt
+tmp = sys.argv[1]
+for alg in ("RS256", "ES256", "HS256"):
+    key = open(f"{tmp}/{alg.lower()}.key", "rb").read()
+    mint = lambda i: jwt.encode({"sub": f"client-{i}", "exp": int(time.time()) + 86400},
+                                key, algorithm=alg, headers={"kid": alg.lower()})
+    open(f"{tmp}/{alg.lower()}.token", "w").write(mint(0) + "\n")
+    open(f"{tmp}/{alg.lower()}-new.token", "w").write("".join(mint(i) + "\n" for i in range(5000)))
+PY
+fi
+token_file() {  # kind: the tokens file it sends (none for bus, direct and nginx)
+  [[ $1 =~ ^(rs|es|hs)256(-new)?$ ]] && echo "$tmp/$1.token"
+  return 0
+}
+
 # --- the machine ---
 echo "=== run_http $(date -u '+%F %T UTC') ==="
 echo "reproduce: $reproduce"
@@ -147,7 +182,11 @@ echo "plan:      $n_meas measurements of ${DURATION}s, about $((n_meas * (DURATI
 # --- servers ---
 backlog=$(cat /proc/sys/net/core/somaxconn)  # what greeting_server's listen() gets
 port_of() {
-  case $1 in bus) echo "$PORT" ;; direct) echo $((PORT + 1)) ;; nginx) echo $((PORT + 2)) ;; esac
+  case $1 in
+    bus) echo "$PORT" ;; direct) echo $((PORT + 1)) ;; nginx) echo $((PORT + 2)) ;;
+    rs256) echo $((PORT + 3)) ;; es256) echo $((PORT + 4)) ;; hs256) echo $((PORT + 5)) ;;
+    rs256-new) echo $((PORT + 6)) ;; es256-new) echo $((PORT + 7)) ;; hs256-new) echo $((PORT + 8)) ;;
+  esac
 }
 # Each server kind has its own port: the client side of the previous measurement's connections
 # may still be in TIME_WAIT towards the old port.
@@ -157,11 +196,12 @@ start_server() {  # kind threads: sets server_pid
   port=$(port_of "$kind")
   cpus=$(server_cpus "$t")
   case $kind in
-    bus | direct)
+    bus | direct | rs256* | es256* | hs256*)
       local args=(--port "$port" --io_threads "$t" --executors "$t" --max_connections 20000)
       ((TLS)) && args+=(--tls_port "$port" "${tls_args[@]}")
       [[ $kind == direct ]] && args+=(--direct)
-      [[ $kind == bus && -n ${BUS_ARGS:-} ]] && read -r -a extra <<<"$BUS_ARGS" && args+=("${extra[@]}")
+      [[ $kind != direct && -n ${BUS_ARGS:-} ]] && read -r -a extra <<<"$BUS_ARGS" && args+=("${extra[@]}")
+      [[ -n $(token_file "$kind") ]] && args+=(--jwt_jwks "$tmp/jwks.json")
       # taskset execs the program: $! is the server's pid.
       taskset -c "$cpus" "$greeting_server" "${args[@]}" >"$tmp/server.log" 2>&1 &
       ;;
@@ -177,14 +217,17 @@ start_server() {  # kind threads: sets server_pid
   server_pid=$!
 }
 
-answers() {  # port: true once GET /greeting/Sergio answers "Hello Sergio"
+answers() {  # port kind: true once GET /greeting/Sergio answers "Hello Sergio"
+  local auth=""
+  [[ -n $(token_file "$2") ]] && auth="Authorization: Bearer $(head -1 "$(token_file "$2")")"
   if ((TLS)); then
-    [[ $(curl -sk --max-time 1 "https://127.0.0.1:$1/greeting/Sergio") == *"Hello Sergio"* ]]
+    [[ $(curl -sk --max-time 1 ${auth:+-H "$auth"} "https://127.0.0.1:$1/greeting/Sergio") == *"Hello Sergio"* ]]
     return
   fi
   (
     exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
-    printf 'GET /greeting/Sergio HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' >&3
+    printf 'GET /greeting/Sergio HTTP/1.1\r\nHost: 127.0.0.1\r\n%sConnection: close\r\n\r\n' \
+      "${auth:+$auth$'\r\n'}" >&3
     reply=$(timeout 1 cat <&3)
     [[ $reply == *"Hello Sergio"* ]]
   ) 2>/dev/null
@@ -216,7 +259,7 @@ measure() {  # run threads conns kind
   echo "--- run $run/$RUNS threads=$t conns=$c server=$kind port=$port load $(cut -d' ' -f1 /proc/loadavg)"
   start_server "$kind" "$t"
   for i in $(seq 100); do  # up to 10 s
-    if answers "$port"; then ok=1; break; fi
+    if answers "$port" "$kind"; then ok=1; break; fi
     kill -0 "$server_pid" 2>/dev/null || break
     sleep 0.1
   done
@@ -227,7 +270,10 @@ measure() {  # run threads conns kind
     server_pid=
     row="NA\tNA\tNA\t0\t0\t0\t0\t0\tNA"
   else
-    local cmd=(wrk -t1 -c"$c" -d"${DURATION}s" --latency "${wrk_extra[@]}" "$scheme://127.0.0.1:$port$PATH_")
+    local cmd=(wrk -t1 -c"$c" -d"${DURATION}s" --latency "${wrk_extra[@]}")
+    ((token_kinds)) && cmd+=(-s bench/http/tokens.lua)
+    cmd+=("$scheme://127.0.0.1:$port$PATH_")
+    [[ -n $(token_file "$kind") ]] && cmd+=(-- "$(token_file "$kind")")
     echo "taskset -c $(wrk_cpus "$t") ${cmd[*]}"
     taskset -c "$(wrk_cpus "$t")" "${cmd[@]}" >"$tmp/wrk.out" 2>&1 &
     wrk_pid=$!

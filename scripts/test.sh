@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 # than the server's).
 bash scripts/deps.sh python3 python3-zmq iproute2 prometheus curl chromium chromium-driver \
   openssl python3-jwt python3-cryptography
+# The OpenAPI tests lint the document with Redocly's CLI and check its schemas with Ajv; the
+# greeting example serves Swagger UI's files (npm, pinned in tools/npm/package-lock.json).
+bash scripts/npm_tools.sh
 build=${BUILD_DIR:-build}
 # CMAKE_ARGS may hold quoted values (compiler flags with spaces): let the shell parse it.
 # Explicit defaults first, so a cache left by another configuration cannot turn the tests off.

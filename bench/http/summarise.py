@@ -13,7 +13,7 @@ import statistics
 import sys
 
 FIELDS = "run threads conns server rps p50_us p99_us connect read write timeout non2xx rss_kib".split()
-ORDER = ["bus", "direct", "nginx"]
+ORDER = ["bus", "direct", "nginx", "hs256", "es256", "rs256", "hs256-new", "es256-new", "rs256-new"]
 
 
 def num(s):
@@ -48,14 +48,14 @@ def main(path):
         by_server = groups[(threads, conns)]
         out.append("")
         out.append(f"threads={threads} connections={conns}")
-        out.append(f"  {'server':<7} {'runs':>4} {'req/s (min-max)':>28} {'p50 us':>9} {'p99 us':>9}"
+        out.append(f"  {'server':<9} {'runs':>4} {'req/s (min-max)':>28} {'p50 us':>9} {'p99 us':>9}"
                    f" {'sock err':>9} {'non-2xx':>8} {'RSS MiB':>8} {'failed':>6}")
         med = {}
         for server in sorted(by_server, key=lambda s: (ORDER.index(s) if s in ORDER else 99, s)):
             ok = [r for r in by_server[server] if r["rps"] != "NA"]
             failed = len(by_server[server]) - len(ok)
             if not ok:
-                out.append(f"  {server:<7} {0:>4} {'-':>28} {'-':>9} {'-':>9} {'-':>9} {'-':>8}"
+                out.append(f"  {server:<9} {0:>4} {'-':>28} {'-':>9} {'-':>9} {'-':>9} {'-':>8}"
                            f" {'-':>8} {failed:>6}")
                 continue
             rps = [num(r["rps"]) for r in ok]
@@ -68,8 +68,18 @@ def main(path):
             med[server] = (statistics.median(rps), p99, rss)
             rps_text = f"{statistics.median(rps):.0f} ({min(rps):.0f}-{max(rps):.0f})"
             rss_text = "-" if rss is None else f"{rss:.1f}"
-            out.append(f"  {server:<7} {len(ok):>4} {rps_text:>28} {p50:>9.0f} {p99:>9.0f}"
+            out.append(f"  {server:<9} {len(ok):>4} {rps_text:>28} {p50:>9.0f} {p99:>9.0f}"
                        f" {sock:>9} {non2xx:>8} {rss_text:>8} {failed:>6}")
+        if "bus" in med:
+            # The token kinds against bus (the same route, no token): the ratio of req/s, and
+            # what a request costs more on the server's one core (1/req/s).
+            b = med["bus"]
+            for server in ORDER[3:]:
+                if server in med:
+                    s = med[server]
+                    extra = 1e6 / s[0] - 1e6 / b[0]
+                    out.append(f"  {server}/bus: req/s {fmt_ratio(s[0], b[0])}  p99 {fmt_ratio(s[1], b[1])}"
+                               f"  (+{extra:.1f} us per request)")
         if "nginx" in med:
             n = med["nginx"]
             for server in ("bus", "direct"):

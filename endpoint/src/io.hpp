@@ -183,6 +183,7 @@ struct Server::Impl {
 
   std::unique_ptr<WebSocketBridge> websocket;  // null: no WebSocket bridge
   std::unique_ptr<detail::JwtVerifier> jwt;    // null: no bearer tokens
+  std::string openapi;                         // the OpenAPI document, made by start()
 
   void serve_health(const Request& req, Responder respond);
   Reply serve_metrics() const;

@@ -14,6 +14,7 @@
 
 #include "bus/net/node.hpp"
 #include "io.hpp"
+#include "openapi.hpp"
 
 namespace bus::http {
 
@@ -68,14 +69,58 @@ void Server::start() {
   Impl& s = *impl_;
   if (s.started) return;
   Impl* impl = impl_.get();
-  add_route(detail::RouteSpec{Method::kGet, "/health", "", nullptr, nullptr, nullptr},
+  auto built_in = [](std::string path, std::function<detail::RouteDoc()> doc) {
+    detail::RouteSpec spec;
+    spec.method = Method::kGet;
+    spec.path = std::move(path);
+    spec.doc = std::move(doc);
+    return spec;
+  };
+  add_route(built_in("/health",
+                     [] {
+                       detail::RouteDoc d;
+                       d.summary = "Whether every executor answers and every route has a handler";
+                       d.tag = "server";
+                       d.media_type = "application/json";
+                       d.reply = capnp::Type::from<schemas::http::Health>();
+                       d.reply_statuses = {200, 503};
+                       return d;
+                     }),
             [impl](const Request& req, Responder respond) {
               impl->serve_health(req, std::move(respond));
             });
-  add_route(detail::RouteSpec{Method::kGet, "/metrics", "", nullptr, nullptr, nullptr},
+  add_route(built_in("/metrics",
+                     [] {
+                       detail::RouteDoc d;
+                       d.summary = "Counters and histograms (Prometheus text format 0.0.4)";
+                       d.tag = "server";
+                       d.media_type = "text/plain; version=0.0.4; charset=utf-8";
+                       return d;
+                     }),
             [impl](const Request&, Responder respond) { respond(impl->serve_metrics()); });
+  if (!s.options.openapi().path().empty()) {
+    add_route(built_in(s.options.openapi().path(),
+                       [] {
+                         detail::RouteDoc d;
+                         d.summary = "This document (OpenAPI 3.1)";
+                         d.tag = "server";
+                         d.media_type = "application/json";
+                         return d;
+                       }),
+              [impl](const Request&, Responder respond) { respond(Reply::json(impl->openapi)); });
+  }
   for (std::size_t i = 0; i < s.entries.size(); ++i) {
     if (s.entries[i].spec.check) s.entries[i].spec.check(s.router.routes()[i].params);
+  }
+  {
+    // Written once: the routes are fixed from here on.
+    detail::ApiSurface api;
+    api.options = &s.options;
+    for (std::size_t i = 0; i < s.entries.size(); ++i) {
+      api.routes.push_back({&s.entries[i].spec, s.router.routes()[i].params});
+    }
+    if (s.websocket) api.websocket = &s.websocket->options();
+    s.openapi = detail::openapi_document(api);
   }
   s.unmatched = s.labels.size();
   s.labels.push_back(detail::RouteLabel{"", "(unmatched)"});
@@ -145,6 +190,11 @@ void Server::start() {
 }
 
 uint16_t Server::port() const { return impl_->port; }
+
+const std::string& Server::openapi() const {
+  if (!impl_->started) throw std::logic_error("bus::http::Server::openapi: call it after start()");
+  return impl_->openapi;
+}
 
 uint16_t Server::tls_port() const { return impl_->tls_port; }
 

@@ -1,6 +1,6 @@
 // The greeting example's HTTP front: GET /greeting/{name} and GET /services/myservice/ping, and
 // a web page (GET /, examples/greeting/web) that watches the greetings live over the WebSocket
-// bridge (GET /bus) and asks for its own.
+// bridge (GET /bus) and asks for its own, and Swagger UI (GET /docs) over GET /openapi.json.
 //
 //   greeting_server --port 8080                      service in this process
 //   greeting_server --port 8080 --peers tcp://127.0.0.1:7501
@@ -15,6 +15,7 @@
 #include <bus/net/node.hpp>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -37,6 +38,8 @@ ABSL_FLAG(std::string, peers, "",
           "publish endpoints of nodes serving the endpoints (empty: serve them here)");
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7500", "where this node publishes (--peers)");
 ABSL_FLAG(std::string, web, GREETING_WEB_DIR, "folder of the web page served at GET /");
+ABSL_FLAG(std::string, swagger_ui, SWAGGER_UI_DIR,
+          "folder of npm's swagger-ui-dist (bash scripts/npm_tools.sh installs it), for /docs");
 ABSL_FLAG(std::string, tls_cert, "",
           "HTTPS: PEM certificate chain (with --tls_key; SIGHUP reloads both)");
 ABSL_FLAG(std::string, tls_key, "", "HTTPS: PEM private key of --tls_cert");
@@ -47,13 +50,31 @@ ABSL_FLAG(bool, plain, true, "serve plain HTTP on --port too (false: HTTPS only)
 ABSL_FLAG(std::string, jwt_key, "",
           "accept bearer JWTs signed with this PEM public key (RS256/ES256), and require one on "
           "GET /greeting/{name}");
+ABSL_FLAG(std::string, jwt_jwks, "",
+          "accept bearer JWTs verified with the keys of this JWK Set file (RSA, EC P-256, or oct "
+          "for HS256), and require one on GET /greeting/{name}");
 
 using namespace greeting_app;
+
+namespace {
+
+/// A file's bytes; empty (and a warning naming `flag`) when it cannot be read.
+std::string read_file(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (text.str().empty())
+    std::fprintf(stderr, "[greeting] nothing at %s (%s)\n", path.c_str(), flag);
+  return text.str();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   examples::usage(
       "the greeting example's HTTP server: GET /greeting/{name}, GET /services/myservice/ping, a "
-      "web page at / and its WebSocket at /bus");
+      "web page at / and its WebSocket at /bus, the OpenAPI document at /openapi.json and Swagger "
+      "UI at /docs");
   absl::ParseCommandLine(argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bus::Bus bus(bus::Options()
@@ -84,9 +105,20 @@ int main(int argc, char** argv) {
                      .yield_after_round(absl::GetFlag(FLAGS_yield_after_round))
                      .plain(absl::GetFlag(FLAGS_plain))
                      .node(node.get());
-  if (!absl::GetFlag(FLAGS_jwt_key).empty()) {
-    options.jwt(bus::http::JwtOptions().key_file(absl::GetFlag(FLAGS_jwt_key)));
+  const bool tokens =
+      !absl::GetFlag(FLAGS_jwt_key).empty() || !absl::GetFlag(FLAGS_jwt_jwks).empty();
+  if (tokens) {
+    bus::http::JwtOptions jwt;
+    if (!absl::GetFlag(FLAGS_jwt_key).empty()) jwt.key_file(absl::GetFlag(FLAGS_jwt_key));
+    if (!absl::GetFlag(FLAGS_jwt_jwks).empty()) jwt.jwks_file(absl::GetFlag(FLAGS_jwt_jwks));
+    options.jwt(std::move(jwt));
   }
+  options.openapi(
+      bus::http::OpenApiOptions()
+          .title("Greeting")
+          .version("1.0.0")
+          .description(
+              "The greeting example: Quarkus' and QBit's seed services, served over the bus."));
   if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
     options.tls(bus::http::TlsOptions()
                     .port(absl::GetFlag(FLAGS_tls_port))
@@ -98,34 +130,49 @@ int main(int argc, char** argv) {
   using bus::http::Method;
   using bus::http::Reply;
   if (absl::GetFlag(FLAGS_direct)) {
-    http.handle(Method::kGet, "/greeting/{name}", [](const bus::http::Request& r) {
-      return Reply::text("Hello " + std::string(*r.param("name")));
-    });
+    http.handle(
+        Method::kGet, "/greeting/{name}",
+        [](const bus::http::Request& r) {
+          return Reply::text("Hello " + std::string(*r.param("name")));
+        },
+        tokens ? std::vector<std::string>{""} : std::vector<std::string>{});
   } else {
     // The path parameter fills GreetingRequest.name; the reply is plain text, as Quarkus'. Each
     // greeting is also published on `greeted` (nearly free while nobody subscribes).
-    auto route =
-        http.route(Method::kGet, "/greeting/{name}", greet).reply([&bus](const Greeting& g) {
-          (void)bus.publish(greeted, g);
-          return Reply::text(g->getMessage().cStr());
-        });
-    if (!absl::GetFlag(FLAGS_jwt_key).empty()) route.require();
+    auto route = http.route(Method::kGet, "/greeting/{name}", greet)
+                     .reply([&bus](const Greeting& g) {
+                       (void)bus.publish(greeted, g);
+                       return Reply::text(g->getMessage().cStr());
+                     })
+                     .produces("text/plain; charset=utf-8")
+                     .describe("Greets `name`",
+                               "Answers `Hello {name}` and publishes it on "
+                               "`greeting.greeted` for the web page.");
+    if (tokens) route.require();
   }
   // The web page and its WebSocket: it may watch `greeting.greeted` and call `greeting`;
   // nothing else on the bus is reachable from a browser.
-  std::string page;
-  {
-    std::ifstream in(absl::GetFlag(FLAGS_web) + "/index.html");
-    std::stringstream text;
-    text << in.rdbuf();
-    page = text.str();
-    if (page.empty()) {
-      std::fprintf(stderr, "[greeting] no web page at %s/index.html (--web)\n",
-                   absl::GetFlag(FLAGS_web).c_str());
-    }
-  }
+  std::string page = read_file(absl::GetFlag(FLAGS_web) + "/index.html", "--web");
   http.handle(Method::kGet, "/", [&page](const bus::http::Request&) {
     return Reply{200, "text/html; charset=utf-8", page, {}};
+  });
+  // Swagger UI over GET /openapi.json: its page, and the files it loads (read once, here).
+  std::string docs = read_file(absl::GetFlag(FLAGS_web) + "/docs.html", "--web");
+  http.handle(Method::kGet, "/docs", [&docs](const bus::http::Request&) {
+    return Reply{200, "text/html; charset=utf-8", docs, {}};
+  });
+  std::map<std::string, Reply, std::less<>> swagger_ui;
+  for (auto [file, type] : {std::pair{"swagger-ui.css", "text/css; charset=utf-8"},
+                            {"swagger-ui-bundle.js", "text/javascript; charset=utf-8"},
+                            {"swagger-ui-standalone-preset.js", "text/javascript; charset=utf-8"},
+                            {"favicon-32x32.png", "image/png"}}) {
+    swagger_ui[file] = Reply{
+        200, type, read_file(absl::GetFlag(FLAGS_swagger_ui) + "/" + file, "--swagger_ui"), {}};
+  }
+  http.handle(Method::kGet, "/docs/{file}", [&swagger_ui](const bus::http::Request& r) {
+    auto it = swagger_ui.find(*r.param("file"));
+    if (it == swagger_ui.end()) return Reply::error(404, "not_found", "no such file");
+    return it->second;
   });
   http.websocket()
       .topic(greeted)
@@ -133,9 +180,10 @@ int main(int argc, char** argv) {
       .permit(bus::http::Permit::kSubscribe, "greeting.greeted", bus::http::Match::kExact)
       .permit(bus::http::Permit::kRequest, "greeting", bus::http::Match::kExact);
   // QBit answers a JSON array: the reply's list, written by Cap'n Proto's JSON codec.
-  http.route(Method::kGet, "/services/myservice/ping", ping).reply([](const PingReply& r) {
-    return Reply::json(bus::http::to_json(r->getGreetings()));
-  });
+  http.route(Method::kGet, "/services/myservice/ping", ping)
+      .reply([](const PingReply& r) { return Reply::json(bus::http::to_json(r->getGreetings())); })
+      .produces<capnp::List<capnp::Text>>()
+      .describe("Pings the service", "Answers `[\"Hello World!\"]`, as QBit's seed does.");
   http.start();
   const char* mode = absl::GetFlag(FLAGS_direct) ? "direct"
                      : peers.empty()             ? "in-process"

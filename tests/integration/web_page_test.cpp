@@ -1,7 +1,9 @@
 // The greeting example's web page in a real browser: headless Chromium, driven through
 // chromedriver over the W3C WebDriver protocol (HTTP + JSON, spoken with curl), shows live the
 // greetings that GET /greeting/{name} publishes, and answers its own form over its WebSocket.
-// Needs Debian's chromium and chromium-driver (scripts/test.sh installs them).
+// Swagger UI at /docs renders the operations of /openapi.json. Needs Debian's chromium and
+// chromium-driver, and npm's swagger-ui-dist (scripts/test.sh installs them).
+#include <absl/strings/str_join.h>
 #include <capnp/compat/json.h>
 #include <capnp/message.h>
 #include <gtest/gtest.h>
@@ -9,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -268,6 +271,56 @@ TEST(GreetingWebPage, ShowsPublishedGreetingsLiveAndAnswersItsForm) {
     return !(reply = browser.text("#reply")).value_or("").empty();
   })) << "#reply stayed empty";
   EXPECT_EQ(*reply, "Hello Margaret");
+
+  EXPECT_EQ(browser.quit(), "");
+  EXPECT_TRUE(driver.stop()) << "chromedriver did not exit by itself";
+  ::kill(server.pid(), SIGTERM);
+  int exit = server.wait(30s);
+  ASSERT_TRUE(WIFEXITED(exit));
+  EXPECT_EQ(WEXITSTATUS(exit), 0);
+}
+
+TEST(GreetingDocsPage, SwaggerUiShowsTheOperationsOfOpenapiJson) {
+  ASSERT_EQ(::access(kChromium, X_OK), 0)
+      << kChromium << " is missing: bash scripts/deps.sh chromium chromium-driver";
+  ASSERT_EQ(::access(kChromedriver, X_OK), 0)
+      << kChromedriver << " is missing: bash scripts/deps.sh chromium chromium-driver";
+  // Swagger UI's files come from npm (swagger-ui-dist); the server reads them at start.
+  ASSERT_EQ(::access(SWAGGER_UI_DIR "/swagger-ui-bundle.js", R_OK), 0)
+      << SWAGGER_UI_DIR << " is missing: bash scripts/npm_tools.sh";
+
+  integ::Child server({GREETING_SERVER, "--port=0"});
+  std::string base = integ::printed_base_url(server, "/greeting");
+  ASSERT_FALSE(base.empty()) << "greeting_server printed no URL";
+  Chromedriver driver;
+  ASSERT_FALSE(driver.url().empty()) << "chromedriver did not start (its log is above)";
+  ASSERT_TRUE(bus_test::eventually([&] { return driver.ready(); }))
+      << "chromedriver never said ready";
+  Browser browser(driver.url());
+  ASSERT_EQ(browser.start(), "") << "no Chromium session";
+
+  ASSERT_EQ(browser.go(base + "/docs"), "");
+  // Swagger UI fetches /openapi.json and renders one block per operation, its path in data-path.
+  std::vector<std::string> paths;
+  ASSERT_TRUE(bus_test::eventually([&] {
+    Answer a = browser.run(
+        "return Array.from(document.querySelectorAll('.opblock-summary-path'))"
+        ".map(e => e.getAttribute('data-path'));");
+    paths.clear();
+    if (a.error.empty() && a.value.isArray()) {
+      for (auto v : a.value.getArray()) paths.push_back(string_of(v));
+    }
+    return paths.size() >= 2;
+  })) << "no operations rendered; the page says: "
+      << browser.text("body").value_or("(nothing)");
+  EXPECT_NE(std::find(paths.begin(), paths.end(), "/greeting/{name}"), paths.end());
+  EXPECT_NE(std::find(paths.begin(), paths.end(), "/services/myservice/ping"), paths.end());
+  EXPECT_NE(std::find(paths.begin(), paths.end(), "/openapi.json"), paths.end());
+  // The title and the summaries come from the document.
+  EXPECT_EQ(browser.text(".info .title").value_or("").substr(0, 8), "Greeting");
+  std::vector<std::string> summaries = browser.texts(".opblock-summary-description");
+  EXPECT_NE(std::find(summaries.begin(), summaries.end(), "Greets `name`"), summaries.end())
+      << "summaries: " << absl::StrJoin(summaries, " | ");
 
   EXPECT_EQ(browser.quit(), "");
   EXPECT_TRUE(driver.stop()) << "chromedriver did not exit by itself";

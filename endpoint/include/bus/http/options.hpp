@@ -122,6 +122,54 @@ class CorsOptions {
   std::chrono::seconds max_age_{600};
 };
 
+/// The OpenAPI 3.1 document the server publishes, generated from its routes and their Cap'n Proto
+/// schemas (docs/http.md, "OpenAPI"):
+///   bus::http::OpenApiOptions().title("Orders").version("2.1.0")
+class OpenApiOptions {
+ public:
+  /// Where it is served (default "/openapi.json"); "" serves none (Server::openapi() still has it).
+  OpenApiOptions& path(std::string p) {
+    path_ = std::move(p);
+    return *this;
+  }
+  /// info.title, info.version (the API's version, not OpenAPI's) and info.description.
+  OpenApiOptions& title(std::string t) {
+    title_ = std::move(t);
+    return *this;
+  }
+  OpenApiOptions& version(std::string v) {
+    version_ = std::move(v);
+    return *this;
+  }
+  OpenApiOptions& description(std::string d) {
+    description_ = std::move(d);
+    return *this;
+  }
+  /// A base URL callers reach the server at ("https://api.example.com/v1"), with what it is;
+  /// call again for more. None: "/", the host the document was fetched from.
+  OpenApiOptions& server(std::string url, std::string description = "") {
+    servers_.push_back({std::move(url), std::move(description)});
+    return *this;
+  }
+  struct Server {
+    std::string url;
+    std::string description;
+  };
+
+  const std::string& path() const { return path_; }
+  const std::string& title() const { return title_; }
+  const std::string& version() const { return version_; }
+  const std::string& description() const { return description_; }
+  const std::vector<Server>& servers() const { return servers_; }
+
+ private:
+  std::string path_ = "/openapi.json";
+  std::string title_ = "bus HTTP endpoint";
+  std::string version_ = "1.0.0";
+  std::string description_;
+  std::vector<Server> servers_;
+};
+
 /// Server parameters, with fluent setters:
 ///   bus::http::ServerOptions().port(8080).io_threads(2).deadline(std::chrono::seconds(2))
 class ServerOptions {
@@ -220,6 +268,11 @@ class ServerOptions {
     cors_ = std::move(c);
     return *this;
   }
+  /// The OpenAPI document's title, version and path (served by default at /openapi.json).
+  ServerOptions& openapi(OpenApiOptions o) {
+    openapi_ = std::move(o);
+    return *this;
+  }
   /// Whether the plain HTTP listener (port()) runs; default true.
   ServerOptions& plain(bool p) {
     plain_ = p;
@@ -249,6 +302,7 @@ class ServerOptions {
   const std::optional<TlsOptions>& tls() const { return tls_; }
   const std::optional<JwtOptions>& jwt() const { return jwt_; }
   const std::optional<CorsOptions>& cors() const { return cors_; }
+  const OpenApiOptions& openapi() const { return openapi_; }
   bool plain() const { return plain_; }
 
  private:
@@ -270,6 +324,7 @@ class ServerOptions {
   std::optional<TlsOptions> tls_;
   std::optional<JwtOptions> jwt_;
   std::optional<CorsOptions> cors_;
+  OpenApiOptions openapi_;
   bool plain_ = true;
 };
 

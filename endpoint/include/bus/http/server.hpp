@@ -17,6 +17,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -73,6 +74,18 @@ struct Access {
   bool authenticated = false;       // a principal (a valid token, or a client certificate)
   std::vector<std::string> scopes;  // every one of them in its token
 };
+/// What the OpenAPI document says of a route (read at start(), after the Route's setters ran).
+struct RouteDoc {
+  std::optional<capnp::StructSchema> request;  // filled from the body and parameters by the codec
+  std::optional<capnp::Type> reply;            // the reply is this type's JSON
+  std::string media_type;                      // the reply's; empty: not known
+  std::string summary;
+  std::string description;
+  std::string tag;
+  std::vector<unsigned> reply_statuses = {200};  // the statuses whose body is the reply
+  bool bus = false;                              // a bus request: 404 (NotFound), 503, 504
+  bool limited = false;                          // a rate limit: 429
+};
 struct RouteSpec {
   Method method;
   std::string path;                       // the template, e.g. "/greeting/{name}"
@@ -81,6 +94,7 @@ struct RouteSpec {
   /// Called by start() with the template's parameter names; throws if the route cannot work.
   std::function<void(const std::vector<std::string>&)> check;
   std::shared_ptr<Access> access = std::make_shared<Access>();
+  std::function<RouteDoc()> doc;  // null: a direct handler, documented from its spec alone
 };
 /// 429 with Retry-After.
 Reply rate_limited(std::string_view limiter, std::chrono::milliseconds retry_after);
@@ -97,6 +111,10 @@ class Route {
     std::function<absl::StatusOr<Req>(const Request&)> in;
     std::function<Reply(const Rep&)> out;
     bool custom_in = false;
+    bool custom_out = false;
+    std::string summary, description;  // for the OpenAPI document
+    std::string media_type;
+    std::optional<capnp::Type> produces;
     Clock::duration timeout{0};  // 0: the server's default
     net::RateLimiter* limiter = nullptr;
     std::function<std::string(const Request&)> limit_key;
@@ -112,6 +130,29 @@ class Route {
   /// Maps the reply to the HTTP response: required when `Rep` has no Cap'n Proto schema.
   Route& reply(std::function<Reply(const Rep&)> out) {
     state_->out = std::move(out);
+    state_->custom_out = true;
+    return *this;
+  }
+  /// What the OpenAPI document (GET /openapi.json) says the route does: a one-line summary and,
+  /// optionally, more (CommonMark).
+  Route& describe(std::string summary, std::string description = "") {
+    state_->summary = std::move(summary);
+    state_->description = std::move(description);
+    return *this;
+  }
+  /// For the OpenAPI document, when reply(...) writes something other than Rep as JSON: the
+  /// media type it answers with ("text/plain; charset=utf-8")...
+  Route& produces(std::string media_type) {
+    state_->media_type = std::move(media_type);
+    state_->produces.reset();
+    return *this;
+  }
+  /// ... or the Cap'n Proto type whose JSON it writes: `produces<capnp::List<capnp::Text>>()` for
+  /// `Reply::json(to_json(reply->getGreetings()))`.
+  template <class T>
+  Route& produces() {
+    state_->media_type = "application/json";
+    state_->produces = capnp::Type::from<T>();
     return *this;
   }
   /// Callers must be authenticated (a valid bearer token, or a client certificate) and, with a
@@ -208,6 +249,9 @@ class Server {
   WebSocketStats websocket_stats() const;
 
   ServerStats stats() const;
+  /// The OpenAPI 3.1 document (JSON) of the routes, as GET /openapi.json serves it (see
+  /// OpenApiOptions). After start().
+  const std::string& openapi() const;
   /// The figures /metrics shows for HTTP (requests by route and status, latency, connections),
   /// for a bus::StatsdExporter. After start(); the server must outlive the exporter.
   StatsdSource statsd_source() const;
@@ -238,6 +282,26 @@ Route<Req, Rep> Server::route(Method method, std::string_view path,
   spec.path = std::string(path);
   spec.endpoint = endpoint.name();
   spec.handlers = [this, st] { return bus_.servers(st->endpoint); };
+  spec.doc = [st] {
+    detail::RouteDoc d;
+    d.bus = true;
+    d.limited = st->limiter != nullptr;
+    d.summary = st->summary;
+    d.description = st->description;
+    d.tag = st->endpoint.name();
+    if constexpr (Bridgeable<Req>) {
+      if (!st->custom_in) d.request = capnp::Schema::from<typename Codec<Req>::Schema>();
+    }
+    d.media_type = st->media_type;
+    d.reply = st->produces;
+    if constexpr (Bridgeable<Rep>) {
+      if (!st->custom_out) {
+        d.media_type = "application/json";
+        d.reply = capnp::Type::from<typename Codec<Rep>::Schema>();
+      }
+    }
+    return d;
+  };
   st->access = spec.access;
   spec.check = [st, desc = std::string(to_string(method)) + " " +
                            spec.path](const std::vector<std::string>& params) {
