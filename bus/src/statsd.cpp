@@ -111,14 +111,7 @@ void detail::bus_figures(Bus& bus, StatsdSink& out) {
   Stats s = bus.stats();
   for (const ChannelStats& c : s.channels) {
     std::string base = absl::StrCat("channel.", c.name, ".");
-    out.counter(base + "published", c.published);
-    out.counter(base + "delivered", c.delivered);
-    out.counter(base + "dropped", c.dropped);
-    out.counter(base + "failed", c.failed);
-    out.counter(base + "handler_failed", c.handler_failed);
-    out.counter(base + "late_replies", c.late_replies);
-    out.counter(base + "expired", c.expired);
-    out.counter(base + "unrouted", c.unrouted);
+    for (const ChannelFigure& f : kChannelFigures) out.counter(base + f.name, c.*f.member);
   }
   for (const InboxStats& in : s.inboxes) {
     std::string base = absl::StrCat(in.external ? "external_inbox." : "executor.", in.index, ".");

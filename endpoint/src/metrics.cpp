@@ -146,34 +146,11 @@ void http_metrics(const MetricsView& v, Writer& w) {
 }
 
 void bus_metrics(const Stats& s, Writer& w) {
-  struct Field {
-    const char* name;
-    const char* help;
-    uint64_t ChannelStats::*member;
-  };
-  static const Field fields[] = {
-      {"bus_channel_published_total", "Messages accepted by publish, send or request.",
-       &ChannelStats::published},
-      {"bus_channel_delivered_total", "Handler invocations that returned (one per subscriber).",
-       &ChannelStats::delivered},
-      {"bus_channel_dropped_total", "Messages discarded by the drop-newest overflow policy.",
-       &ChannelStats::dropped},
-      {"bus_channel_failed_total",
-       "Messages refused: ring full under the fail policy, no consumer, backlog full.",
-       &ChannelStats::failed},
-      {"bus_channel_handler_failures_total", "Handler invocations that threw.",
-       &ChannelStats::handler_failed},
-      {"bus_channel_late_replies_total", "Replies that came after the requester's deadline.",
-       &ChannelStats::late_replies},
-      {"bus_channel_expired_total", "Requests whose deadline passed before a handler ran.",
-       &ChannelStats::expired},
-      {"bus_channel_unrouted_total",
-       "Messages whose consumer went away with none left to take them.", &ChannelStats::unrouted},
-  };
-  for (const Field& f : fields) {
-    w.family(f.name, "counter", f.help);
+  for (const ChannelFigure& f : kChannelFigures) {
+    const std::string name = absl::StrCat("bus_channel_", f.name, "_total");
+    w.family(name, "counter", f.help);
     for (const ChannelStats& c : s.channels) {
-      w.sample(f.name, absl::StrCat("channel=\"", label(c.name), "\",type=\"", label(c.type), "\""),
+      w.sample(name, absl::StrCat("channel=\"", label(c.name), "\",type=\"", label(c.type), "\""),
                c.*f.member);
     }
   }

@@ -26,6 +26,31 @@ struct ChannelStats {
   uint64_t unrouted = 0;        // cancelled on their way to a consumer, with none left
 };
 
+/// One counter of ChannelStats, named once for every exporter: StatsD sends
+/// `channel.<channel>.<name>`, /metrics `bus_channel_<name>_total{channel=...}`, `$bus.stats`
+/// `channel.<channel>.<name>` (docs/core.md, "Stats", defines each).
+struct ChannelFigure {
+  const char* name;
+  const char* help;
+  uint64_t ChannelStats::*member;
+};
+inline constexpr ChannelFigure kChannelFigures[] = {
+    {"published", "Messages offered by publish, send, request or call.", &ChannelStats::published},
+    {"delivered", "Handler calls that returned (one per subscriber).", &ChannelStats::delivered},
+    {"dropped", "Messages discarded by the drop-newest policy, once per subscriber.",
+     &ChannelStats::dropped},
+    {"failed",
+     "Messages refused (full ring under kFail, full backlog, no consumer, no room "
+     "before the deadline), once per subscriber.",
+     &ChannelStats::failed},
+    {"handler_failed", "Handler calls that threw.", &ChannelStats::handler_failed},
+    {"late_replies", "Replies that came after their request had ended.",
+     &ChannelStats::late_replies},
+    {"expired", "Requests whose deadline passed before a handler ran.", &ChannelStats::expired},
+    {"unrouted", "Messages whose consumer went away with none left to take them.",
+     &ChannelStats::unrouted},
+};
+
 struct InboxStats {
   unsigned index = 0;
   bool external = false;     // owned by an external event loop rather than an executor
