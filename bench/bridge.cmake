@@ -5,6 +5,8 @@
 #   bus_bridge        the driver: starts each case's two processes pinned to cores 0 and 1,
 #                     interleaves the runs, prints the table
 #   bus_bridge_bus    the bus roles (bus::net::Node publisher/subscriber, server/clients)
+#   bus_bridge_stall  one publisher, three subscribers, one stopped for a while: its own driver
+#                     and roles (bench/run_stall.sh)
 #   bus_bridge_zmq    raw ZeroMQ roles (PUSH/PULL, XPUB/SUB, DEALER/ROUTER): always built, the
 #                     bridge needs libzmq anyway
 #   bus_bridge_nats   NATS roles, only when the C client is found (benchmark-only peer):
@@ -40,6 +42,9 @@ target_compile_definitions(bus_bridge PRIVATE BUS_BRIDGE_BUILD_TYPE="$<CONFIG>")
 
 bus_bridge_program(bus_bridge_bus bridge_bus.cpp)
 target_link_libraries(bus_bridge_bus PRIVATE bus::net bus_bridge_schema)
+
+bus_bridge_program(bus_bridge_stall bridge_stall.cpp)
+target_link_libraries(bus_bridge_stall PRIVATE bus::net bus_bridge_schema)
 
 bus_bridge_program(bus_bridge_zmq bridge_zmq.cpp)
 target_link_libraries(bus_bridge_zmq PRIVATE cppzmq)

@@ -193,7 +193,7 @@ struct Sample {
   double value = 0;                   // messages/s, or requests/s
   double p50 = 0, p99 = 0, p999 = 0;  // round trip, ns
   uint64_t gaps = 0;                  // bus subscriber: sequence gaps counted by the bridge
-  uint64_t publish_dropped = 0;
+  uint64_t publish_cuts = 0;          // bus publisher: times it sent on without the subscriber
   // CPU of each process (all its threads) per message or request: sender/client ("tx") and
   // receiver/server ("rx"); ns.
   double tx_cpu = 0, rx_cpu = 0;
@@ -300,7 +300,7 @@ Sample run_case(Case& c, pid_t broker) {
       if (t_last <= t0) return finish("last delivery before the first publish?");
       s.value = static_cast<double>(c.count) * 1e9 / static_cast<double>(t_last - t0);
       s.gaps = field(*rr, "gaps");
-      s.publish_dropped = field(*sr, "publish_dropped");
+      s.publish_cuts = field(*sr, "publish_cuts");
       s.rx_cpu = static_cast<double>(field(*rr, "cpu")) / static_cast<double>(c.count);
       break;
     }
@@ -553,7 +553,7 @@ int main(int argc, char** argv) {
   std::printf("load average at the end: %s\n", loadavg().c_str());
   std::printf(
       "\n# samples: sample|run|case|ok|value (msgs/s, req/s or p50 ns)|p50 ns|p99 ns|p99.9 ns|"
-      "gaps|publish_dropped|lost replies|sender CPU ns per msg|receiver CPU ns per msg|broker "
+      "gaps|publish_cuts|lost replies|sender CPU ns per msg|receiver CPU ns per msg|broker "
       "CPU ns per msg|the processes' result lines\n");
   for (const auto& c : cases) {
     for (std::size_t i = 0; i < c.samples.size(); ++i) {
@@ -561,7 +561,7 @@ int main(int argc, char** argv) {
       std::printf("sample|%zu|%s|%d|%.1f|%.0f|%.0f|%.0f|%llu|%llu|%llu|%.0f|%.0f|%.0f|%s\n", i + 1,
                   c.id.c_str(), s.ok, s.value, s.p50, s.p99, s.p999,
                   static_cast<unsigned long long>(s.gaps),
-                  static_cast<unsigned long long>(s.publish_dropped),
+                  static_cast<unsigned long long>(s.publish_cuts),
                   static_cast<unsigned long long>(s.lost), s.tx_cpu, s.rx_cpu, s.broker_cpu,
                   s.lines.c_str());
     }
@@ -640,7 +640,7 @@ int main(int argc, char** argv) {
     switch (c.kind) {
       case Kind::kThroughput: {
         uint64_t gaps = 0;
-        for (const auto& s : c.samples) gaps += s.gaps + s.publish_dropped;
+        for (const auto& s : c.samples) gaps += s.gaps + s.publish_cuts;
         std::snprintf(range, sizeof range, "(%.2f-%.2f)", st.min / 1e6, st.max / 1e6);
         std::string g = c.id.find("bus") != std::string::npos ? num(gaps) : "-";
         std::printf("  %-30s %9llu %9.2f %15s %7s %7s %9.0f %9.0f %5s%s\n", c.name.c_str(),
@@ -678,8 +678,8 @@ int main(int argc, char** argv) {
       "tx, rx, cli, srv: CPU time of the whole sending / receiving (client / server) process, "
       "every thread, per message or request; NATS's broker (nats-server) is not in them: its CPU "
       "per message or request is shown after the row when its pid is known.\n"
-      "gaps: messages the subscriber's bridge counted as lost plus batches the publisher's "
-      "dropped, summed over all runs.\n");
+      "gaps: messages the subscriber's bridge counted as lost plus times the publisher sent on "
+      "without it (publish_cuts), summed over all runs.\n");
 
   std::printf("\n== targets, from the medians above\n");
   // goal 0: the ratio alone, beside the targets.

@@ -98,10 +98,10 @@ int role_pub(const Args& a) {
   wait_for_stdin_eof();
   uint64_t cpu = cpu_ns() - c0;
   bus::net::NodeStats s = node.stats();
-  std::printf("result t0=%llu t_sent=%llu cpu=%llu published=%llu publish_dropped=%llu\n",
+  std::printf("result t0=%llu t_sent=%llu cpu=%llu published=%llu publish_cuts=%llu\n",
               static_cast<unsigned long long>(t0), static_cast<unsigned long long>(t_sent),
               static_cast<unsigned long long>(cpu), static_cast<unsigned long long>(s.published),
-              static_cast<unsigned long long>(s.publish_dropped));
+              static_cast<unsigned long long>(s.publish_cuts));
   std::fflush(stdout);
   return 0;
 }

@@ -76,6 +76,25 @@ struct Heartbeat {
                                # (the end-of-stream handshake a leaving node waits for)
   batches @9 :Bool;            # it reads request batches (Envelope.requests) and reply batches
                                # (Envelope.replies); send a node batches only when it says so
+  missed @10 :List(Missed);    # what it counted missing from other nodes (sequence gaps), so
+                               # that a publisher learns what each subscriber lost of its own
+  published @11 :List(TopicSeq);  # per topic it publishes: the seq its next message will take.
+                               # Everything below was handed to its publisher socket before this
+                               # heartbeat, so a receiver counts the numbers it never got as
+                               # gaps, even when nothing follows them (the tail of a stream)
+}
+
+# A running total of messages from `sender` on `channel` that the heartbeat's node never got.
+struct Missed {
+  sender @0 :UInt64;
+  channel @1 :Text;
+  count @2 :UInt64;
+}
+
+# How far a node's numbering of one of its topics has gone.
+struct TopicSeq {
+  channel @0 :Text;
+  next @1 :UInt64;             # the seq of the next message it will publish on `channel`
 }
 
 struct Channel {

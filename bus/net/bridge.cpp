@@ -15,6 +15,8 @@
 
 namespace bus::net::detail {
 
+using namespace std::chrono_literals;
+
 // ---- lifecycle -----------------------------------------------------------------------------
 
 Bridge::Bridge(Bus& bus, NodeOptions options)
@@ -147,6 +149,19 @@ void Bridge::setup() {
   xpub_->set(zmq::sockopt::xpub_nodrop, 1);
   xpub_->set(zmq::sockopt::xpub_verboser, 1);
   xpub_->set(zmq::sockopt::linger, kLingerMs);
+  // Each subscriber's queue (frames): what it may fall behind by before it counts as full.
+  // Small, so that a subscriber that merely reads slower than we publish gets room back often
+  // (ZeroMQ reopens a full pipe once half of it was read): its waits stay far below
+  // send_stall_limit and it is not cut; one that stops reading is.
+  xpub_->set(zmq::sockopt::sndhwm, opt_.subscription_queue());
+  if (auto timeout = opt_.subscriber_timeout(); timeout.count() > 0) {
+    // ZMTP heartbeats: ZeroMQ pings each subscriber and closes a connection that stays silent
+    // (a process stopped, a host gone), which frees its queue. A live subscriber's ZeroMQ
+    // answers by itself, whatever its program is doing, as long as it reads its socket.
+    xpub_->set(zmq::sockopt::heartbeat_ivl,
+               static_cast<int>(std::min(opt_.heartbeat(), timeout).count()));
+    xpub_->set(zmq::sockopt::heartbeat_timeout, static_cast<int>(timeout.count()));
+  }
   server(*xpub_);
   publish_endpoint_ = bind(*xpub_, opt_.publish_on(), "publisher");
 
@@ -167,6 +182,9 @@ void Bridge::setup() {
 
   sub_.emplace(ctx_, zmq::socket_type::sub);
   sub_->set(zmq::sockopt::linger, 0);
+  // Per publisher: a reader that falls behind works through a short queue (then the socket
+  // buffers, then the publisher's queue for it), not seconds of stale frames.
+  sub_->set(zmq::sockopt::rcvhwm, opt_.subscription_queue());
   sub_->set(
       zmq::sockopt::maxmsgsize,
       static_cast<int64_t>(std::max<std::size_t>(opt_.max_message_bytes(), kMaxBatchBytes)) * 4 +
@@ -241,7 +259,9 @@ void Bridge::loop() {
     const bool holding = stall_.has_value() || backlogged_ >= kPauseBacklog;
     watch(inbox_->fd(), nullptr, holding ? 0 : POLLIN);
     // XPUB: only subscriptions. It says POLLOUT even while a NODROP pipe is full (its
-    // distributor always "has out"), so a stall is retried on the poll timeout (1 ms, below).
+    // distributor always "has out"): room for a held frame comes as a command on its ZMQ_FD
+    // (a subscriber's pipe read down to half), and a stall is retried when that fires, just
+    // before the loop waits (below), and on the poll timeout (1 ms) at the latest.
     for (zmq::socket_t* s : {&*xpub_, &*sub_, &*router_}) {
       watch(s->get(zmq::sockopt::fd), s, POLLIN);
     }
@@ -279,7 +299,8 @@ void Bridge::loop() {
     ask_all = false;
 
     auto now = Clock::now();
-    Clock::time_point until = std::min(next_heartbeat_, next_check_);
+    // A heartbeat due behind a held frame waits for it (the 1 ms retry below), not for nothing.
+    Clock::time_point until = stall_ ? next_check_ : std::min(next_heartbeat_, next_check_);
     if (auto t = inbox_->next_timer()) until = std::min(until, *t);
     if (stall_ || backlogged_ > 0 || !reply_backlog_.empty()) {
       until = std::min(until, now + milliseconds(1));
@@ -291,6 +312,10 @@ void Bridge::loop() {
                       ? 0
                       : static_cast<int>(std::clamp<long>(
                             duration_cast<milliseconds>(until - now).count(), 1, 60'000));
+    // Asking the XPUB for its events (above) takes in the command that gave room without its
+    // ZMQ_FD saying so again: retried only after the wait, the held frame would wait out the
+    // whole timeout with room to spare (the 1 KiB publish benchmark lost a fifth of its rate).
+    if (timeout > 0 && stall_ && retry_stall()) timeout = 0;
     if (::poll(fds.data(), fds.size(), timeout) < 0 && errno != EINTR) {
       throw std::system_error(errno, std::generic_category(), "bus.net: poll");
     }
@@ -412,10 +437,8 @@ void Bridge::loop() {
       }
     }
     now = Clock::now();
-    if (now >= next_heartbeat_) {
-      heartbeat(false);
-      next_heartbeat_ = now + opt_.heartbeat();
-    }
+    // Behind a held frame, a heartbeat waits for the next pass (at most send_stall_limit).
+    if (now >= next_heartbeat_ && heartbeat(false)) next_heartbeat_ = now + opt_.heartbeat();
     if (now >= next_check_) {
       update_subscriptions();
       check_peers();
@@ -433,20 +456,16 @@ void Bridge::shutdown() {
   // What local publishers handed over before the stop still goes out: drain until nothing is
   // left (one drain takes a bounded batch per ring), then stop the channels (their cancels are
   // records too) and drain again.
-  auto drain_all = [this] {
+  auto resolve_stall = [this] {
+    // Bounded by send_stall_limit: then the frame goes on without the full subscriber. Not a
+    // wait for POLLOUT: an XPUB reports it even while full (see loop()).
+    while (!retry_stall()) std::this_thread::sleep_for(milliseconds(1));
+  };
+  auto drain_all = [&] {
     // Bounded: local publishers that keep going during the stop do not hold it forever.
-    auto until = Clock::now() + 2 * opt_.send_stall_limit();
+    auto until = Clock::now() + std::max<Clock::duration>(2 * opt_.send_stall_limit(), 2s);
     while (Clock::now() < until) {
-      auto give_up = Clock::now() + opt_.send_stall_limit();
-      while (stall_ && Clock::now() < give_up) {
-        // Not a wait for POLLOUT: an XPUB reports it even while full (see loop()).
-        std::this_thread::sleep_for(milliseconds(1));
-        retry_stall();
-      }
-      if (stall_) {
-        counters_.publish_dropped += stall_->count;
-        stall_.reset();
-      }
+      resolve_stall();
       std::size_t drained = inbox_->drain();
       flush_batches();
       if (drained == 0 && queued_.empty()) break;
@@ -458,7 +477,8 @@ void Bridge::shutdown() {
   drain_all();
   flush_peer_backlogs();
   flush_reply_backlog();
-  heartbeat(/*leaving=*/true);
+  resolve_stall();
+  (void)heartbeat(/*leaving=*/true);  // after everything published: nothing is held now
   // End-of-stream handshake: LINGER alone does not guarantee that what was queued is delivered
   // before the process exits (libzmq #4660), so wait, within a bound, until every peer that
   // imports one of our topics confirms our goodbye (and so everything published before it).
@@ -471,13 +491,23 @@ void Bridge::shutdown() {
     }
   }
   auto handshake_until = Clock::now() + milliseconds(kLingerMs);
+  auto again = Clock::now() + milliseconds(100);
   Parts parts;
   while (!waiting.empty() && Clock::now() < handshake_until) {
+    if (stall_) {
+      (void)retry_stall();  // the goodbye waits for room like a topic frame, then goes past
+    } else if (Clock::now() >= again) {
+      // A subscriber that had no room for the goodbye (it was passed over) may have caught up
+      // since: say it again, after everything (a second goodbye changes nothing for others).
+      (void)heartbeat(/*leaving=*/true);
+      again = Clock::now() + milliseconds(100);
+    }
     zmq::pollitem_t item{sub_->handle(), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(10));
     while (recv(*sub_, parts)) on_sub(parts);
     for (uint64_t id : goodbye_acks_) waiting.erase(id);
   }
+  resolve_stall();  // nobody waited for the goodbye: it still goes out
   for (auto& [corr, p] : pending_) {
     p.call->finish(absl::CancelledError("bus.net: the node stopped"), {});
   }
@@ -567,6 +597,21 @@ bool Node::wait_for_subscribers(std::string_view topic, std::size_t n,
                                 std::chrono::milliseconds timeout) const {
   return bridge_->wait_until([&] { return bridge_->subscribers(topic) >= n; },
                              Clock::now() + timeout);
+}
+bool Node::wait_for_subscribers(std::string_view topic, const std::vector<std::string>& names,
+                                std::chrono::milliseconds timeout) const {
+  return bridge_->wait_until(
+      [&] {
+        std::size_t importers = 0, named = 0;
+        for (const PeerInfo& p : bridge_->peers()) {
+          if (std::find(p.imports.begin(), p.imports.end(), topic) == p.imports.end()) continue;
+          ++importers;
+          if (std::find(names.begin(), names.end(), p.name) != names.end()) ++named;
+        }
+        // Subscriptions come on another connection than heartbeats: one may be ahead.
+        return named >= names.size() && bridge_->subscribers(topic) >= importers;
+      },
+      Clock::now() + timeout);
 }
 bool Node::wait_for_server(std::string_view channel, std::chrono::milliseconds timeout) const {
   return bridge_->wait_until([&] { return bridge_->serves(channel); }, Clock::now() + timeout);

@@ -54,6 +54,13 @@ inline constexpr std::size_t kPauseBacklog = 1024;
 inline constexpr int kPipeHwm = 10000;
 // Senders whose sequence numbers are tracked before unknown ones are dropped.
 inline constexpr std::size_t kMaxSenders = 1024;
+// Frames read from the subscriber socket after a peer's last one, past which its silence is its
+// own even while more input waits: ZeroMQ's SUB takes one message from each peer's pipe in turn
+// (and notices a pipe that filled again within about 100 reads), so a peer with anything queued
+// would have been read by then.
+inline constexpr uint64_t kFairFrames = 512;
+// Entries in a heartbeat's `missed` list, at most.
+inline constexpr std::size_t kMaxMissedReports = 1024;
 // How long the loop keeps polling without blocking after its last work.
 inline constexpr auto kSpin = std::chrono::microseconds(50);
 
@@ -118,7 +125,8 @@ struct PeerState {
   std::string request_endpoint;
   std::string public_key;
   std::chrono::milliseconds interval{0};
-  Clock::time_point last_seen;
+  Clock::time_point last_seen;  // when a frame of any kind last came from it
+  uint64_t frames_at_seen = 0;  // the subscriber socket's frame count then (Bridge::sub_frames_)
   std::vector<ChannelDesc> serves;
   std::vector<ChannelDesc> imports;
   std::unique_ptr<zmq::socket_t> dealer;                // requests and queue messages to it
@@ -128,8 +136,17 @@ struct PeerState {
   std::vector<CallBatch> calls;  // requests to it not sent yet, a batch per endpoint and principal
 };
 
+/// What a receiver knows of one sender's numbering on one channel. Kept while the sender may
+/// come back (declared dead but not gone for good), so that what it missed meanwhile is counted.
+struct SeqState {
+  uint64_t expected = 0;  // the next number; 0: no frame yet (the first one sets it)
+  uint64_t gaps = 0;      // numbers skipped so far: reported back in heartbeats (`missed`)
+};
+
 /// A node's figures (what its StatsD source sends).
 void node_figures(const NodeStats& s, StatsdSink& out);
+/// Per (channel, peer) figures for $bus.stats: what was missed each way.
+void peer_figures(const NodeStats& s, StatsdSink& out);
 
 class Bridge final : public Link {
  public:
@@ -211,11 +228,17 @@ class Bridge final : public Link {
     Clock::time_point deadline;
     std::unique_ptr<PendingCall> call;
   };
+  /// A frame the publisher socket refused (a subscriber's queue is full), held until it has
+  /// room or send_stall_limit passes. Nothing else goes out on the publisher meanwhile.
   struct Stall {
     std::vector<zmq::message_t> parts;
-    uint32_t count = 0;
+    uint32_t count = 0;                // messages (0: a heartbeat)
+    const Bridged* channel = nullptr;  // a topic batch's channel
     Clock::time_point since;
   };
+  /// Why a peer is forgotten: it may come back (silence), or it never will (it left, or a new
+  /// run of it took its address).
+  enum class Forget { kMayReturn, kForGood };
 
   void run(std::promise<void>& ready);
   void setup();
@@ -240,6 +263,14 @@ class Bridge final : public Link {
   void serve_stats(const RemoteCall& call);
   /// Delivers payloads of a publish or send, counting sequence gaps per (sender, channel).
   void deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads);
+  /// A frame came from `sender`: if it is a live peer, it is alive now (any frame proves it).
+  void heard(uint64_t sender);
+  /// The sequence state of (`sender`, `channel`), made when new (bounded: see kMaxSenders).
+  SeqState& seq_state(uint64_t sender, const std::string& channel);
+  /// `lost` messages of `sender` on `channel` never arrived.
+  void count_gap(uint64_t sender, const std::string& channel, SeqState& s, uint64_t lost);
+  /// A heartbeat's `published`: numbers below those that never arrived are gaps too.
+  void on_published(uint64_t sender, const capnp::List<wire::TopicSeq>::Reader& published);
 
   /// A send, a connect or a read that stopped before the socket was empty may leave it holding
   /// input that its ZMQ_FD no longer signals: loop() asks it for its events before it polls.
@@ -278,12 +309,19 @@ class Bridge final : public Link {
                     std::string_view payload);
   void flush_peer_backlogs();
   void flush_reply_backlog();
+  /// Sends the held frame, or sends it on without the full subscriber once send_stall_limit
+  /// passed; false while it is still held.
   bool retry_stall();
-  void heartbeat(bool leaving);
+  /// The number the next message on `ch` takes, counting only what the publisher socket took.
+  uint64_t sent_next(const Bridged& ch) const;
+  /// Sends a heartbeat like a topic frame (held while a subscriber is full, then sent past it).
+  /// False when a held frame is ahead of it: try again on the next pass.
+  bool heartbeat(bool leaving);
+  std::string heartbeat_payload(bool leaving);
 
   // peers
   void check_peers();
-  void forget_peer(uint64_t id, const absl::Status& why);
+  void forget_peer(uint64_t id, const absl::Status& why, Forget how);
   void update_reachability();
   void update_subscriptions();
   /// True when `p` serves `ch` (an import) with its types.
@@ -328,7 +366,15 @@ class Bridge final : public Link {
   absl::flat_hash_map<std::string, Bridged*> import_topics_, export_endpoints_, export_queues_;
   std::vector<Bridged*> imported_calls_;  // import endpoints and queues
   absl::flat_hash_map<uint64_t, PeerState> peers_;
-  absl::flat_hash_map<uint64_t, absl::flat_hash_map<std::string, uint64_t>> next_seq_;
+  absl::flat_hash_map<uint64_t, absl::flat_hash_map<std::string, SeqState>> next_seq_;
+  // What each peer's heartbeats say it missed of ours, per channel (running totals, kept while
+  // it may come back); what peers gone for good had missed, per channel.
+  absl::flat_hash_map<uint64_t, absl::flat_hash_map<std::string, uint64_t>> reported_missed_;
+  absl::flat_hash_map<std::string, uint64_t> missed_gone_;
+  // Nodes declared dead (by id, with when), to tell a false death when one speaks again.
+  absl::flat_hash_map<uint64_t, Clock::time_point> declared_dead_;
+  uint64_t sub_frames_ = 0;         // frames read from the subscriber socket
+  Clock::time_point last_check_{};  // of check_peers(): how long this thread was away
   // Reply frames the ROUTER did not take yet, with the replies each holds.
   std::deque<std::pair<std::vector<zmq::message_t>, std::size_t>> reply_backlog_;
   std::vector<ReplyBatch> reply_batches_;  // replies of this pass, per requester and endpoint

@@ -28,6 +28,8 @@ void Bridge::on_sub(Parts& parts) {
   if (!env.ok()) return malformed("subscriber", env.status());
   messages_read_ += std::max<uint32_t>(env->count, 1);
   if (env->sender == id_) return;
+  ++sub_frames_;
+  heard(env->sender);
   absl::string_view name = view(parts[0]);
   Payloads& payloads = payloads_;
   if (absl::Status st = payloads.parse(parts[2].data(), parts[2].size(), env->count, limits_);
@@ -68,19 +70,35 @@ void Bridge::on_publish(absl::string_view name, const EnvelopeFields& env,
   if (!tapped) ++counters_.unknown_channel;
 }
 
-void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads) {
-  ChannelTraffic& t = traffic(ch.name, known(env.sender));
-  // Per-sender sequence numbers: what was skipped was lost on the way (at-most-once), and is
-  // counted rather than silent. A rejected frame
-  // advances them too: it arrived.
-  if (next_seq_.size() >= kMaxSenders && !next_seq_.contains(env.sender)) {
+void Bridge::heard(uint64_t sender) {
+  auto it = peers_.find(sender);
+  if (it == peers_.end()) return;
+  it->second.last_seen = Clock::now();
+  it->second.frames_at_seen = sub_frames_;
+}
+
+SeqState& Bridge::seq_state(uint64_t sender, const std::string& channel) {
+  if (next_seq_.size() >= kMaxSenders && !next_seq_.contains(sender)) {
     // Bounded: senders this node does not hear heartbeats from (a queue sender it does not
-    // listen to, or made-up ids) are forgotten first.
+    // listen to, a node declared dead long ago, made-up ids) are forgotten first.
     absl::erase_if(next_seq_, [&](const auto& e) { return !peers_.contains(e.first); });
   }
-  uint64_t& expected = next_seq_[env.sender][ch.name];
-  if (expected != 0 && env.seq > expected) t.gaps += env.seq - expected;
-  if (env.seq + env.count > expected) expected = env.seq + env.count;
+  return next_seq_[sender][channel];
+}
+
+void Bridge::count_gap(uint64_t sender, const std::string& channel, SeqState& s, uint64_t lost) {
+  s.gaps += lost;
+  traffic(channel, known(sender)).gaps += lost;
+}
+
+void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads) {
+  // Per-sender sequence numbers: what was skipped was lost on the way (at-most-once), and is
+  // counted rather than silent. A rejected frame advances them too: it arrived.
+  SeqState& s = seq_state(env.sender, ch.name);
+  if (s.expected != 0 && env.seq > s.expected)
+    count_gap(env.sender, ch.name, s, env.seq - s.expected);
+  if (env.seq + env.count > s.expected) s.expected = env.seq + env.count;
+  ChannelTraffic& t = traffic(ch.name, known(env.sender));
   if (env.type_id != ch.type_id) {
     t.rejected += env.count;
     auto peer = peers_.find(env.sender);
@@ -109,6 +127,7 @@ void Bridge::on_router(Parts& parts) {
   absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[2].data(), parts[2].size());
   if (!env.ok()) return malformed("request", env.status());
   messages_read_ += std::max<uint32_t>(env->count, 1);
+  heard(env->sender);
   std::string name(view(parts[1]));
   bool request = env->kind == wire::Envelope::Kind::REQUEST;
   if (env->kind == wire::Envelope::Kind::PUBLISH) {
@@ -200,6 +219,7 @@ void Bridge::on_dealer(Parts& parts) {
   absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[1].data(), parts[1].size());
   if (!env.ok()) return malformed("reply", env.status());
   messages_read_ += std::max<std::size_t>(env->items.size(), 1);
+  heard(env->sender);
   if (env->kind != wire::Envelope::Kind::REPLY) {
     return malformed("reply", absl::InvalidArgumentError("not a reply"));
   }
@@ -327,9 +347,13 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
     for (uint64_t acked : hb.getGoodbyes()) {
       if (acked == id_) goodbye_acks_.insert(id);
     }
+    // Everything it published before this heartbeat came first (one publisher, one pipe).
+    on_published(id, hb.getPublished());
     if (hb.getLeaving()) {
-      forget_peer(id, absl::AbortedError(absl::StrCat("bus.net: peer gone: node '",
-                                                      hb.getName().cStr(), "' stopped")));
+      forget_peer(id,
+                  absl::AbortedError(
+                      absl::StrCat("bus.net: peer gone: node '", hb.getName().cStr(), "' stopped")),
+                  Forget::kForGood);
       // Confirm at once: SUB delivers in order, so everything it sent before arrived.
       goodbyes_.emplace_back(id, Clock::now());
       next_heartbeat_ = Clock::now();
@@ -342,9 +366,13 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
                             hb.getPublicKey().cStr(), "' is not in the allowlist"));
       return;
     }
+    for (auto m : hb.getMissed()) {
+      if (m.getSender() == id_) reported_missed_[id][m.getChannel().cStr()] = m.getCount();
+    }
     auto [it, fresh] = peers_.try_emplace(id);
     PeerState& p = it->second;
     p.last_seen = Clock::now();
+    p.frames_at_seen = sub_frames_;
     auto channels = [](auto list) {
       std::vector<ChannelDesc> out;
       for (auto c : list) {
@@ -353,14 +381,26 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
       return out;
     };
     std::vector<ChannelDesc> serves = channels(hb.getServes());
+    std::vector<ChannelDesc> imports = channels(hb.getImports());
     bool changed = fresh || serves != p.serves;
+    if (imports != p.imports) this->changed();  // wait_for_subscribers() by name looks at them
     p.serves = std::move(serves);
-    p.imports = channels(hb.getImports());
+    p.imports = std::move(imports);
     p.interval = milliseconds(std::clamp<uint32_t>(hb.getIntervalMs(), 1, 60'000));
     p.batches = hb.getBatches();
     if (fresh) {
       p.id = id;
       p.name = hb.getName().cStr();
+      if (declared_dead_.erase(id) > 0) {
+        // Declared dead, yet the same run of it speaks: it was stopped or cut off for a while,
+        // or this node fell behind. Its numbering went on: what it sent meanwhile that never
+        // arrived is counted as gaps (the sequence state was kept).
+        ++counters_.peers_returned;
+        log_once(absl::StrCat("returned:", id),
+                 absl::StrCat("node '", p.name, "' (", id,
+                              ") was declared dead and is back: what it sent meanwhile and "
+                              "never arrived is counted as gaps"));
+      }
       p.request_endpoint = hb.getRequestEndpoint().cStr();
       p.public_key = hb.getPublicKey().cStr();
       if (!p.request_endpoint.empty()) {
@@ -387,13 +427,32 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
       }
       std::string name = p.name;  // forget_peer() may move the table
       for (uint64_t other : replaced) {
-        forget_peer(other, absl::AbortedError(
-                               absl::StrCat("bus.net: peer gone: node '", name, "' restarted")));
+        forget_peer(
+            other,
+            absl::AbortedError(absl::StrCat("bus.net: peer gone: node '", name, "' restarted")),
+            Forget::kForGood);
       }
     }
     if (changed) update_reachability();
   } catch (const kj::Exception& e) {
     malformed("subscriber", absl::InvalidArgumentError(describe(e)));
+  }
+}
+
+void Bridge::on_published(uint64_t sender, const capnp::List<wire::TopicSeq>::Reader& published) {
+  auto from = next_seq_.find(sender);
+  if (from == next_seq_.end()) return;
+  for (auto p : published) {
+    // Only topics subscribed to now, with a first frame already (so the numbering's start here
+    // is known): a topic we do not take has no gaps.
+    std::string channel = p.getChannel().cStr();
+    if (!subscribed_.contains(channel)) continue;
+    auto s = from->second.find(channel);
+    if (s == from->second.end() || s->second.expected == 0) continue;
+    if (p.getNext() > s->second.expected) {
+      count_gap(sender, channel, s->second, p.getNext() - s->second.expected);
+      s->second.expected = p.getNext();
+    }
   }
 }
 

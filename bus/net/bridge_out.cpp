@@ -9,11 +9,14 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <tuple>
 
 #include "bridge.hpp"
 #include "bus/detail/pool.hpp"
 
 namespace bus::net::detail {
+
+using namespace std::chrono_literals;
 
 // ---- outgoing ------------------------------------------------------------------------------
 
@@ -143,6 +146,7 @@ void Bridge::flush_publishes() {
     stall.parts.emplace_back(e.data(), e.size());
     stall.parts.push_back(frame(out->bytes));
     stall.count = out->count;
+    stall.channel = ch;
     out->bytes.clear();
     out->count = 0;
     stall_ = std::move(stall);
@@ -154,24 +158,56 @@ void Bridge::flush_publishes() {
 
 bool Bridge::retry_stall() {
   if (!stall_) return true;
+  // NODROP: a full subscriber queue refuses the frame for everyone (ZeroMQ cannot tell which
+  // subscriber is full), which holds the frame back: the back-pressure that keeps a subscriber
+  // that is only a little slower, or pauses briefly, from losing anything.
   if (send_all(*xpub_, stall_->parts)) {
     stall_.reset();
     return true;
   }
-  if (Clock::now() - stall_->since > opt_.send_stall_limit()) {
-    // A subscriber has not taken anything for the whole limit: drop this batch (its receivers
-    // count the gap) rather than hold every local publisher back forever.
-    counters_.publish_dropped += stall_->count;
-    log_once("stall", absl::StrCat("a subscriber stalled the publisher for over ",
-                                   opt_.send_stall_limit().count(), " ms; dropped ", stall_->count,
-                                   " messages (receivers count them as gaps)"));
-    stall_.reset();
-    return true;
-  }
-  return false;
+  if (Clock::now() - stall_->since < opt_.send_stall_limit()) return false;
+  ++counters_.publish_cuts;
+  log_once("cut",
+           absl::StrCat("a subscriber's queue stayed full for ", opt_.send_stall_limit().count(),
+                        " ms: sending on without it (it counts what it misses)"));
+  // Without NODROP, ZeroMQ writes the frame to every subscriber with room and skips a full one.
+  // It then leaves that one out of every send, NODROP or not, until half of its queue is read:
+  // a stopped subscriber is passed over from now on, while the others still hold the publisher
+  // back when they are full (and are waited for, up to the limit).
+  xpub_->set(zmq::sockopt::xpub_nodrop, 0);
+  (void)send_all(*xpub_, stall_->parts);  // never refused without NODROP
+  xpub_->set(zmq::sockopt::xpub_nodrop, 1);
+  stall_.reset();
+  return true;
 }
 
-void Bridge::heartbeat(bool leaving) {
+uint64_t Bridge::sent_next(const Bridged& ch) const {
+  // The held frame took its numbers when it was made; the socket has not taken it yet.
+  return ch.out.next_seq - (stall_ && stall_->channel == &ch ? stall_->count : 0);
+}
+
+bool Bridge::heartbeat(bool leaving) {
+  if (stall_) return false;
+  EnvelopeFields env;
+  env.kind = wire::Envelope::Kind::HEARTBEAT;
+  env.type_id = capnp::typeId<wire::Heartbeat>();
+  env.sender = id_;
+  env.count = 1;
+  std::string e = encode_envelope(env);
+  Stall hb;
+  hb.parts.emplace_back(kHeartbeatTopic, sizeof kHeartbeatTopic - 1);
+  hb.parts.emplace_back(e.data(), e.size());
+  hb.parts.push_back(frame(heartbeat_payload(leaving)));
+  hb.since = Clock::now();
+  // Like a topic frame, in order with them (its `published` counts on that): held while a
+  // subscriber is full, at most send_stall_limit, then sent past it. A subscriber that is full
+  // has our frames to read, and any frame proves us alive.
+  stall_ = std::move(hb);
+  if (!retry_stall()) ++counters_.publish_stalls;
+  return true;
+}
+
+std::string Bridge::heartbeat_payload(bool leaving) {
   capnp::MallocMessageBuilder builder;
   auto hb = builder.initRoot<wire::Heartbeat>();
   hb.setNode(id_);
@@ -208,15 +244,34 @@ void Bridge::heartbeat(bool leaving) {
   };
   fill(hb.initServes(static_cast<unsigned>(serves.size())), serves);
   fill(hb.initImports(static_cast<unsigned>(imports.size())), imports);
+  // Running totals (a lost heartbeat loses nothing): what we missed of each sender...
+  std::vector<std::tuple<uint64_t, const std::string*, uint64_t>> missed;
+  for (const auto& [sender, channels] : next_seq_) {
+    for (const auto& [channel, st] : channels) {
+      if (st.gaps > 0 && missed.size() < kMaxMissedReports) {
+        missed.emplace_back(sender, &channel, st.gaps);
+      }
+    }
+  }
+  auto m = hb.initMissed(static_cast<unsigned>(missed.size()));
+  for (unsigned i = 0; i < missed.size(); ++i) {
+    m[i].setSender(std::get<0>(missed[i]));
+    m[i].setChannel(*std::get<1>(missed[i]));
+    m[i].setCount(std::get<2>(missed[i]));
+  }
+  // ...and how far our numbering went, so a receiver counts a lost tail too.
+  std::vector<const Bridged*> topics;
+  for (auto& ch : channels_) {
+    if (ch->role == Bridged::Role::kExportTopic && sent_next(*ch) > 1) topics.push_back(ch.get());
+  }
+  auto published = hb.initPublished(static_cast<unsigned>(topics.size()));
+  for (unsigned i = 0; i < topics.size(); ++i) {
+    published[i].setChannel(topics[i]->name);
+    published[i].setNext(sent_next(*topics[i]));
+  }
   std::string payload;
   append_message(builder, payload);
-  EnvelopeFields env;
-  env.kind = wire::Envelope::Kind::HEARTBEAT;
-  env.type_id = capnp::typeId<wire::Heartbeat>();
-  env.sender = id_;
-  env.count = 1;
-  // Not while a batch is stalled: it would overtake it. A missed heartbeat is fine.
-  if (!stall_) (void)send_parts(*xpub_, kHeartbeatTopic, env, payload);
+  return payload;
 }
 
 void Bridge::call(Bridged& channel, std::string payload, Clock::time_point deadline,
@@ -236,8 +291,15 @@ void Bridge::call_to(uint64_t to, Bridged& channel, std::string payload, Clock::
   PeerState* peer = nullptr;
   if (to != 0) {
     auto it = peers_.find(to);
-    if (it == peers_.end() || !it->second.dealer) {
+    if (it == peers_.end()) {
       pending->finish(absl::UnavailableError(absl::StrCat("bus.net: node ", to, " is not live")),
+                      {});
+      return;
+    }
+    if (!it->second.dealer) {
+      pending->finish(absl::FailedPreconditionError(
+                          absl::StrCat("bus.net: node '", it->second.name, "' (", to,
+                                       ") is live but has no request socket: it cannot be asked")),
                       {});
       return;
     }
@@ -518,6 +580,11 @@ void Bridge::update_subscriptions() {
     } else {
       sub_->set(zmq::sockopt::unsubscribe, name);
       subscribed_.erase(name);
+      // What is published while we do not listen is not lost: after a new subscription, the
+      // first frame starts the count again.
+      for (auto& [sender, channels] : next_seq_) {
+        if (auto st = channels.find(name); st != channels.end()) st->second.expected = 0;
+      }
     }
     next_heartbeat_ = Clock::now();  // our imports changed: tell the peers
   }
@@ -529,20 +596,54 @@ void Bridge::update_subscriptions() {
 
 void Bridge::check_peers() {
   auto now = Clock::now();
+  // Silence counts only while we keep up with what arrives: a peer whose frames wait unread in
+  // our subscriber socket (this thread was held up, or reads slower than they come) is not
+  // silent. With input waiting, a peer is silent only if kFairFrames frames of others were read
+  // since its last one.
+  touched(sub_->handle());
+  const bool behind = (sub_->get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+  // Nor does time this thread did not run its loop (checks come every heartbeat / 2): the
+  // process was stopped, or this thread was held up (a blocked publish to a full local ring, a
+  // slow handler). Peers get that time back: after a pause, frames that came meanwhile may not
+  // even have reached the subscriber socket yet.
+  if (last_check_ != Clock::time_point{}) {
+    auto away = now - last_check_ - opt_.heartbeat() / 2;
+    if (away > opt_.heartbeat() / 2) {
+      for (auto& [id, p] : peers_) p.last_seen += away;
+    }
+  }
+  last_check_ = now;
   std::vector<uint64_t> dead;
   for (auto& [id, p] : peers_) {
-    if (now - p.last_seen > p.interval * opt_.dead_after()) dead.push_back(id);
+    if (now - p.last_seen <= p.interval * opt_.dead_after()) continue;
+    if (behind && sub_frames_ - p.frames_at_seen < kFairFrames) continue;
+    dead.push_back(id);
+  }
+  // Bounded like the sequence state: what is kept for peers that may come back.
+  if (declared_dead_.size() > kMaxSenders) {
+    absl::erase_if(declared_dead_, [&](const auto& d) { return now - d.second > 1h; });
+    if (declared_dead_.size() > kMaxSenders) declared_dead_.clear();
+  }
+  if (reported_missed_.size() > kMaxSenders) {
+    absl::erase_if(reported_missed_, [&](const auto& r) {
+      if (peers_.contains(r.first)) return false;
+      for (const auto& [channel, n] : r.second) missed_gone_[channel] += n;
+      return true;
+    });
   }
   for (uint64_t id : dead) {
     ++counters_.peers_lost;
+    declared_dead_[id] = now;
     auto& p = peers_[id];
-    forget_peer(id, absl::AbortedError(absl::StrCat("bus.net: peer gone: node '", p.name,
-                                                    "' missed ", opt_.dead_after(),
-                                                    " heartbeats with the request in flight")));
+    forget_peer(id,
+                absl::AbortedError(absl::StrCat("bus.net: peer gone: node '", p.name,
+                                                "' was silent for ", opt_.dead_after(),
+                                                " heartbeats with the request in flight")),
+                Forget::kMayReturn);
   }
 }
 
-void Bridge::forget_peer(uint64_t id, const absl::Status& why) {
+void Bridge::forget_peer(uint64_t id, const absl::Status& why, Forget how) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return;
   lanes_->peer_gone(id, why);
@@ -565,7 +666,15 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why) {
     counters_.send_refused += it->second.backlog.size();
   }
   peers_.erase(it);
-  next_seq_.erase(id);
+  if (how == Forget::kForGood) {
+    // It will not speak again with this id: its numbering ends here, and what it missed of
+    // ours stays counted under "gone".
+    next_seq_.erase(id);
+    if (auto r = reported_missed_.find(id); r != reported_missed_.end()) {
+      for (const auto& [channel, n] : r->second) missed_gone_[channel] += n;
+      reported_missed_.erase(r);
+    }
+  }
   fold_gone(traffic_, id);
   update_reachability();
   for (CallBatch& b : unsent) {
@@ -697,6 +806,12 @@ NodeStats Bridge::stats() const {
   s.peers = peers();
   TrafficRows rows = traffic_;
   lanes_->add_to(s, rows);  // calls made on their callers' threads
+  // What peers report they missed of ours: a live peer's on its row, the others' (it may come
+  // back, or left for good) on the "gone" rows.
+  for (const auto& [peer, channels] : reported_missed_) {
+    for (const auto& [channel, n] : channels) row(rows, channel, known(peer)).peer_missed += n;
+  }
+  for (const auto& [channel, n] : missed_gone_) row(rows, channel, 0).peer_missed += n;
   for (const auto& [key, t] : rows) {
     ChannelTraffic row = t;
     auto p = peers_.find(key.second);

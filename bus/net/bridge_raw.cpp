@@ -127,7 +127,9 @@ void Bridge::serve_stats(const RemoteCall& call) {
   }
   FigureList list;
   bus::detail::bus_figures(bus_, list);
-  node_figures(stats(), list);
+  NodeStats st = stats();
+  node_figures(st, list);
+  peer_figures(st, list);
   capnp::MallocMessageBuilder builder;
   auto out = builder.initRoot<wire::NodeStatsReply>();
   out.setNode(id_);

@@ -75,6 +75,7 @@ void fold_gone(TrafficRows& rows, uint64_t peer) {
     gone.received += t.received;
     gone.gaps += t.gaps;
     gone.rejected += t.rejected;
+    gone.peer_missed += t.peer_missed;
   }
 }
 

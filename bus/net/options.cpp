@@ -79,12 +79,19 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
     } else if (key == "send_stall_limit_ms") {
       if (auto s = number(n); !s.ok()) return s;
       o.send_stall_limit(std::chrono::milliseconds(n));
+    } else if (key == "subscription_queue") {
+      if (auto s = number(n); !s.ok()) return s;
+      if (n < 1 || n > 1'000'000) return fail("subscription_queue needs 1..1000000 frames");
+      o.subscription_queue(static_cast<int>(n));
+    } else if (key == "subscriber_timeout_ms") {
+      if (auto s = number(n); !s.ok()) return s;
+      o.subscriber_timeout(std::chrono::milliseconds(n));
     } else {
       return fail(absl::StrCat(
           "unknown key '", key,
           "' (known: name, publish, requests, advertise, peer, heartbeat_ms, dead_after, "
           "max_message_bytes, traversal_limit_words, nesting_limit, curve_public, curve_secret, "
-          "allow, send_stall_limit_ms)"));
+          "allow, send_stall_limit_ms, subscription_queue, subscriber_timeout_ms)"));
     }
   }
   if (keys.secret_key.empty() != keys.public_key.empty()) {

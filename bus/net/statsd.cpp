@@ -17,11 +17,12 @@ void detail::node_figures(const NodeStats& s, StatsdSink& out) {
     out.gauge("node.peers", static_cast<double>(s.peers.size()));
     out.counter("node.published", s.published);
     out.counter("node.publish_stalls", s.publish_stalls);
-    out.counter("node.publish_dropped", s.publish_dropped);
+    out.counter("node.publish_cuts", s.publish_cuts);
     out.counter("node.malformed_frames", s.malformed_frames);
     out.counter("node.oversized", s.oversized);
     out.counter("node.unknown_channel", s.unknown_channel);
     out.counter("node.peers_lost", s.peers_lost);
+    out.counter("node.peers_returned", s.peers_returned);
     out.counter("node.calls_peer_gone", s.calls_peer_gone);
     out.counter("node.late_replies", s.late_replies);
     out.counter("node.unroutable_replies", s.unroutable_replies);
@@ -41,7 +42,20 @@ void detail::node_figures(const NodeStats& s, StatsdSink& out) {
       out.counter(base + "received", t.received);
       out.counter(base + "gaps", t.gaps);
       out.counter(base + "rejected", t.rejected);
+      out.counter(base + "peer_missed", t.peer_missed);
     }
+  }
+}
+
+void detail::peer_figures(const NodeStats& s, StatsdSink& out) {
+  // Named by peer: for a look at one node now ($bus.stats), not for StatsD, whose names should
+  // outlive the nodes. Rows of nodes gone are folded under "gone".
+  for (const ChannelTraffic& t : s.traffic) {
+    if (t.gaps == 0 && t.peer_missed == 0) continue;
+    std::string base =
+        absl::StrCat("node.peer.", t.peer == 0 ? "gone" : t.peer_name, ".channel.", t.channel, ".");
+    out.counter(base + "gaps", t.gaps);
+    out.counter(base + "peer_missed", t.peer_missed);
   }
 }
 

@@ -190,6 +190,9 @@ void node_metrics(const net::NodeStats& n, Writer& w) {
        &net::ChannelTraffic::gaps},
       {"bus_bridge_rejected_total", "Messages from a peer rejected: wrong type id, undecodable.",
        &net::ChannelTraffic::rejected},
+      {"bus_bridge_peer_missed_total",
+       "Messages sent to a peer that it reports never arrived (its gaps), by channel.",
+       &net::ChannelTraffic::peer_missed},
   };
   for (const Field& f : traffic) {
     w.family(f.name, "counter", f.help);
@@ -208,8 +211,9 @@ void node_metrics(const net::NodeStats& n, Writer& w) {
   static const Total totals[] = {
       {"bus_bridge_published_total", "Topic messages that left through the publisher.",
        &net::NodeStats::published},
-      {"bus_bridge_publish_dropped_total", "Batches dropped after a subscriber stalled.",
-       &net::NodeStats::publish_dropped},
+      {"bus_bridge_publish_cuts_total",
+       "Times the publisher sent on without a subscriber whose queue stayed full.",
+       &net::NodeStats::publish_cuts},
       {"bus_bridge_malformed_frames_total", "Frames with a bad envelope or framing.",
        &net::NodeStats::malformed_frames},
       {"bus_bridge_oversized_total", "Payloads over the maximum message size.",
@@ -218,6 +222,8 @@ void node_metrics(const net::NodeStats& n, Writer& w) {
        &net::NodeStats::unknown_channel},
       {"bus_bridge_peers_lost_total", "Nodes declared dead after missed heartbeats.",
        &net::NodeStats::peers_lost},
+      {"bus_bridge_peers_returned_total", "Nodes declared dead that were heard from again.",
+       &net::NodeStats::peers_returned},
       {"bus_bridge_calls_peer_gone_total", "Requests failed because their node died.",
        &net::NodeStats::calls_peer_gone},
       {"bus_bridge_send_refused_total", "Requests or queue messages refused: no room.",

@@ -26,9 +26,11 @@ int main(int argc, char** argv) {
       bus, node_options("producer", absl::GetFlag(FLAGS_publish), "", absl::GetFlag(FLAGS_peers)));
   node.export_topic(readings);
 
-  // Slow joiner: a subscriber that is not connected yet would miss the first readings.
-  std::printf("[producer] waiting for subscribers\n");
-  while (!stop_requested && !node.wait_for_subscribers(readings.name(), 2, 100ms)) {
+  // Slow joiner: a subscriber that is not connected yet would miss the first readings. Wait for
+  // the two programs of the demo by name: another subscriber (a `busctl sub`) does not count.
+  std::printf("[producer] waiting for the aggregator and the monitor\n");
+  while (!stop_requested &&
+         !node.wait_for_subscribers(readings.name(), {"aggregator", "monitor"}, 100ms)) {
   }
   const char* names[] = {"kitchen", "garage", "attic", "cellar", "porch"};
   int sensors = std::clamp(absl::GetFlag(FLAGS_sensors), 1, 5);

@@ -75,6 +75,33 @@ TEST_F(Busctl, PeersListsTheNodesAndWhatTheyServe) {
   EXPECT_TRUE(has(out, "imports topic    demo.readings  type 0xec296e21d841688d")) << out;
 }
 
+TEST_F(Busctl, RepeatedPeerFlagsAreAllKept) {
+  // As --help says: comma-separated or repeated, in either flag form.
+  std::string out;
+  ASSERT_EQ(busctl({"--peer", agg_, "--peer=" + prod_, "--peer=" + mon_, "peers"}, &out), 0) << out;
+  EXPECT_TRUE(has(out, "aggregator  id=")) << out;
+  EXPECT_TRUE(has(out, "producer  id=")) << out;
+  EXPECT_TRUE(has(out, "monitor  id=")) << out;
+}
+
+TEST_F(Busctl, StatsTellsANodeThatCannotBeAskedFromOneThatIsNotLive) {
+  // The producer and the monitor have no request socket: live (they are listed), but $bus.stats
+  // cannot reach them. Exit 6 says so, after the aggregator's counters; a name nobody has is 2.
+  std::string out;
+  EXPECT_EQ(busctl({"--peer=" + agg_, "--peer=" + prod_, "--peer=" + mon_, "stats"}, &out), 6)
+      << out;
+  EXPECT_TRUE(has(out, "aggregator (id ")) << out;
+  EXPECT_TRUE(has(out, "\n  node.peers ")) << out;
+  EXPECT_TRUE(has(out, "busctl: producer (id ")) << out;
+  EXPECT_TRUE(has(out, "busctl: monitor (id ")) << out;
+  EXPECT_TRUE(has(out, "is live but cannot be asked: it has no request socket")) << out;
+  EXPECT_FALSE(has(out, "not live")) << out;
+  EXPECT_EQ(busctl({"--peer=" + prod_, "stats", "producer"}, &out), 6) << out;
+  EXPECT_TRUE(has(out, "is live but cannot be asked")) << out;
+  EXPECT_EQ(busctl({"--peer=" + prod_, "--wait=5s", "stats", "nobody"}, &out), 2) << out;
+  EXPECT_TRUE(has(out, "no live node named 'nobody'")) << out;
+}
+
 TEST_F(Busctl, SubPrintsJsonLinesUpToCount) {
   std::string out;
   ASSERT_EQ(busctl({"--peer=" + prod_, "--count=3", "--timeout=30s", "sub", "demo.readings"}, &out),

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -43,6 +44,11 @@ constexpr char kUsage[] =
     "  --advertise=EP           request endpoint told to peers\n"
     "  --peer=EP[,KEY]          a node to listen to (repeatable)\n"
     "  --heartbeat-ms=N --dead-after=N --stall-limit-ms=N\n"
+    "  --subscription-queue=N --subscriber-timeout-ms=N\n"
+    "  --reading-bytes=N        pad each published reading to about N bytes\n"
+    "  --slow-us=N              the readings subscriber takes N us per reading (a slow reader)\n"
+    "  --ring-bytes=N           the bus's ring size (bus::Options::ring_bytes)\n"
+    "  --pause-ms=N --pause-at=K  the readings subscriber stops for N ms at its K-th reading\n"
     "  --curve-public=K --curve-secret=K --allow=K (repeatable)\n"
     "  --export-readings        publish readings (command: publish)\n"
     "  --import-readings        subscribe to readings (command: report)\n"
@@ -66,6 +72,8 @@ struct Flags {
   // Generous: a node under a sanitizer on a busy machine may miss a few beats while alive.
   long dead_after = 100;
   long stall_limit_ms = 60'000;
+  long subscription_queue = 0, subscriber_timeout_ms = -1;  // 0, -1: the node's defaults
+  long reading_bytes = 0, slow_us = 0, ring_bytes = 0, pause_ms = 0, pause_at = 0;
   bus::net::CurveKeys curve;
   std::vector<std::string> allow;
   bool export_readings = false, import_readings = false, export_mistyped = false;
@@ -82,13 +90,21 @@ std::optional<Flags> parse(int argc, char** argv) {
                                                          {"--advertise", &f.advertise},
                                                          {"--curve-public", &f.curve.public_key},
                                                          {"--curve-secret", &f.curve.secret_key}};
-  const std::map<std::string_view, long*> numbers = {{"--heartbeat-ms", &f.heartbeat_ms},
-                                                     {"--dead-after", &f.dead_after},
-                                                     {"--stall-limit-ms", &f.stall_limit_ms},
-                                                     {"--parent", &f.parent},
-                                                     {"--limit", &f.limit},
-                                                     {"--limit-window-ms", &f.limit_window_ms},
-                                                     {"--limit-exchange-ms", &f.limit_exchange_ms}};
+  const std::map<std::string_view, long*> numbers = {
+      {"--heartbeat-ms", &f.heartbeat_ms},
+      {"--dead-after", &f.dead_after},
+      {"--stall-limit-ms", &f.stall_limit_ms},
+      {"--subscription-queue", &f.subscription_queue},
+      {"--subscriber-timeout-ms", &f.subscriber_timeout_ms},
+      {"--reading-bytes", &f.reading_bytes},
+      {"--slow-us", &f.slow_us},
+      {"--ring-bytes", &f.ring_bytes},
+      {"--pause-ms", &f.pause_ms},
+      {"--pause-at", &f.pause_at},
+      {"--parent", &f.parent},
+      {"--limit", &f.limit},
+      {"--limit-window-ms", &f.limit_window_ms},
+      {"--limit-exchange-ms", &f.limit_exchange_ms}};
   const std::map<std::string_view, bool*> switches = {
       {"--export-readings", &f.export_readings},
       {"--import-readings", &f.import_readings},
@@ -187,7 +203,9 @@ int main(int argc, char** argv) {
   if (flags->parent != 0 && getppid() != flags->parent) return 3;  // it died before prctl
   const Flags& f = *flags;
 
-  bus::Bus bus{bus::Options().executors(2)};
+  bus::Options bus_options = bus::Options().executors(2);
+  if (f.ring_bytes > 0) bus_options.ring_bytes(static_cast<std::size_t>(f.ring_bytes));
+  bus::Bus bus{bus_options};
   auto options =
       bus::net::NodeOptions()
           .name(f.name)
@@ -196,6 +214,10 @@ int main(int argc, char** argv) {
           .heartbeat(std::chrono::milliseconds(f.heartbeat_ms), static_cast<unsigned>(f.dead_after))
           .send_stall_limit(std::chrono::milliseconds(f.stall_limit_ms));
   if (!f.advertise.empty()) options.advertise(f.advertise);
+  if (f.subscription_queue > 0) options.subscription_queue(static_cast<int>(f.subscription_queue));
+  if (f.subscriber_timeout_ms >= 0) {
+    options.subscriber_timeout(std::chrono::milliseconds(f.subscriber_timeout_ms));
+  }
   if (!f.curve.secret_key.empty()) options.curve(f.curve, f.allow);
   for (const auto& p : f.peers) options.peer(p.endpoint, p.public_key);
 
@@ -213,10 +235,18 @@ int main(int argc, char** argv) {
 
   if (f.import_readings) {
     subs.push_back(bus.subscribe(integ::readings(), [&](const integ::Reading& r) {
+      // A slow reader sleeps rather than spins: slow without taking a core from the others.
+      if (f.slow_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(f.slow_us));
+      if (f.pause_ms > 0 && received.count + 1 == static_cast<uint64_t>(f.pause_at)) {
+        // Its ring fills meanwhile, and the node's bridge thread waits for room in it.
+        std::this_thread::sleep_for(std::chrono::milliseconds(f.pause_ms));
+      }
+      std::string_view sensor = r->getSensor().cStr();
+      sensor = sensor.substr(0, sensor.find('#'));  // without the padding of --reading-bytes
       std::lock_guard lock(received.mu);
       ++received.count;
       received.seq_sum += r->getSeq();
-      ++received.by_sensor[r->getSensor().cStr()];
+      ++received.by_sensor[std::string(sensor)];
     }));
     node->import_topic(integ::readings());
   }
@@ -248,6 +278,22 @@ int main(int argc, char** argv) {
                    node->request_endpoint().empty() ? "-" : node->request_endpoint()));
 
   uint64_t next_seq = 0;
+  // The sensor field carries the padding (after a '#'), so that readings are about
+  // --reading-bytes long.
+  const std::string sensor =
+      f.reading_bytes > 64
+          ? absl::StrCat(f.name, "#",
+                         std::string(static_cast<std::size_t>(f.reading_bytes - 64), 'p'))
+          : f.name;
+  uint64_t refused_total = 0;
+  auto publish_one = [&] {
+    uint64_t seq = ++next_seq;
+    absl::Status st = f.export_mistyped
+                          ? bus.publish(integ::mistyped_readings(), integ::ask(f.name))
+                          : bus.publish(integ::readings(), integ::reading(sensor, seq));
+    if (!st.ok()) ++refused_total;
+    return st.ok();
+  };
   std::string line;
   while (std::getline(std::cin, line)) {
     std::vector<std::string> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
@@ -282,14 +328,27 @@ int main(int argc, char** argv) {
     } else if (cmd == "publish") {
       long n = arg(1, 1);
       uint64_t refused = 0;
+      for (long i = 0; i < n; ++i) refused += publish_one() ? 0 : 1;
+      say(absl::StrCat("published n=", n, " refused=", refused, " total=", next_seq));
+    } else if (cmd == "publish-at" && w.size() >= 3) {
+      // `publish-at N RATE`: N readings at RATE per second, paced per millisecond.
+      long n = std::stol(w[1]), rate = std::max(1L, std::stol(w[2]));
+      uint64_t refused = 0;
+      auto start = std::chrono::steady_clock::now();
       for (long i = 0; i < n; ++i) {
-        uint64_t seq = ++next_seq;
-        absl::Status st = f.export_mistyped
-                              ? bus.publish(integ::mistyped_readings(), integ::ask(f.name))
-                              : bus.publish(integ::readings(), integ::reading(f.name, seq));
-        if (!st.ok()) ++refused;
+        auto due = start + std::chrono::microseconds(i * 1'000'000 / rate);
+        if (i % std::max(1L, rate / 1000) == 0) std::this_thread::sleep_until(due);
+        refused += publish_one() ? 0 : 1;
       }
-      say(absl::StrCat("published n=", n, " refused=", refused));
+      say(absl::StrCat("published n=", n, " refused=", refused, " total=", next_seq));
+    } else if (cmd == "wait-received") {
+      uint64_t want = static_cast<uint64_t>(arg(1, 1));
+      auto count = [&] {
+        std::lock_guard lock(received.mu);
+        return received.count;
+      };
+      (void)bus_test::eventually([&] { return count() >= want; }, bound(2));
+      say(absl::StrCat("received n=", count()));
     } else if (cmd == "call") {
       auto timeout = std::chrono::milliseconds(arg(2, 30'000));
       CallResult r =
@@ -322,12 +381,21 @@ int main(int argc, char** argv) {
         }
       }
       absl::StrAppend(&s, " readings.received=", rd.received, " readings.gaps=", rd.gaps,
-                      " readings.rejected=", rd.rejected, " stats.sent=", sv.sent,
-                      " stats.received=", sv.received, " stats.rejected=", sv.rejected);
-      absl::StrAppend(&s, " published=", st.published, " publish_dropped=", st.publish_dropped,
+                      " readings.rejected=", rd.rejected, " readings.peer_missed=", rd.peer_missed,
+                      " stats.sent=", sv.sent, " stats.received=", sv.received,
+                      " stats.rejected=", sv.rejected);
+      absl::StrAppend(&s, " published=", st.published, " publish_cuts=", st.publish_cuts,
+                      " publish_stalls=", st.publish_stalls, " refused=", refused_total,
                       " auth_denied=", st.auth_denied, " malformed=", st.malformed_frames,
+                      " peers_lost=", st.peers_lost, " peers_returned=", st.peers_returned,
                       " peers=", st.peers.size());
       for (const auto& p : st.peers) absl::StrAppend(&s, " peer.", p.name, "=1");
+      // Per peer, on the readings: what we missed of it, and what it says it missed of ours.
+      for (const auto& t : st.traffic) {
+        if (t.channel != integ::kReadings || t.peer == 0) continue;
+        absl::StrAppend(&s, " gaps_from.", t.peer_name, "=", t.gaps, " missed_by.", t.peer_name,
+                        "=", t.peer_missed);
+      }
       say(s);
     } else {
       say(absl::StrCat("error unknown-command=", cmd));

@@ -90,6 +90,8 @@ Answer NodeProcess::answer(std::chrono::milliseconds bound) {
   return parse_answer(*line);
 }
 
+bool NodeProcess::signal(int sig) { return child_.running() && ::kill(child_.pid(), sig) == 0; }
+
 bool NodeProcess::quit() {
   (void)child_.send("quit");
   int status = child_.wait(60s);

@@ -58,6 +58,8 @@ class NodeProcess {
 
   /// kill -9, and reaped.
   void kill() { child_.kill(); }
+  /// Sends `sig` (SIGSTOP, SIGCONT) to it. True when it was delivered.
+  bool signal(int sig);
   /// Asks it to stop. True when it exited with status 0 (under a sanitizer: no report).
   bool quit();
 

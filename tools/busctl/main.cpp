@@ -6,10 +6,11 @@
 //   busctl --peer tcp://127.0.0.1:7011 --schema schemas/demo.capnp call demo.stats '{}'
 //   busctl --peer tcp://127.0.0.1:7011 peers
 //
-// Exit codes (for scripts): 0 done; 1 usage; 2 no peer reachable, or nobody serves / imports
-// the channel; 3 schema or JSON problem (type not in the --schema files, field not in the
-// schema); 4 the call failed (its status is printed); 5 fewer messages than --count came
-// before --timeout.
+// Exit codes (for scripts): 0 done; 1 usage; 2 no peer reachable, nobody serves / imports
+// the channel, or (stats NODE) no live node of that name; 3 schema or JSON problem (type not in
+// the --schema files, field not in the schema); 4 the call failed (its status is printed); 5
+// fewer messages than --count came before --timeout; 6 stats: a live node cannot be asked (it
+// has no request socket), the others' counters are printed.
 #include <absl/flags/flag.h>
 #include <absl/flags/parse.h>
 #include <absl/flags/usage.h>
@@ -17,6 +18,7 @@
 #include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <absl/strings/str_join.h>
 #include <absl/strings/str_split.h>
 #include <absl/time/time.h>
 #include <bus/schemas/envelope.capnp.h>
@@ -63,7 +65,15 @@ ABSL_FLAG(std::string, name, "busctl", "this node's name, as peers see it");
 
 namespace {
 
-enum Exit { kOk = 0, kUsage = 1, kUnreachable = 2, kSchema = 3, kCallFailed = 4, kShort = 5 };
+enum Exit {
+  kOk = 0,
+  kUsage = 1,
+  kUnreachable = 2,
+  kSchema = 3,
+  kCallFailed = 4,
+  kShort = 5,
+  kNotAskable = 6
+};
 
 constexpr const char* kUsageText = R"(talks to a live bus.
 
@@ -75,13 +85,18 @@ commands:
   sub CHANNEL           print CHANNEL's messages as JSON lines (--count N: stop after N)
   call ENDPOINT 'JSON'  call ENDPOINT and print its reply as JSON (--timeout)
   peers                 live nodes: what they serve and import, their last heartbeat
-  stats [NODE]          the counters of every live node (or of NODE: a name or an id)
+  stats [NODE]          the counters of every live node (or of NODE: a name or an id); a node
+                        without a request socket is live but cannot be asked (exit 6)
   tap                   every topic message this node can see, one line each
   keygen                a fresh CURVE key pair, as curve_public/curve_secret lines for --config
 
 Message types come from --schema files, matched by schema id with what the nodes announce.
-exit codes: 0 ok, 1 usage, 2 no peer / nobody serves the channel, 3 schema or JSON error,
-            4 call failed, 5 --count not reached before --timeout.)";
+--peer, --schema and --import_path take a comma-separated list, and may be repeated.
+
+exit codes: 0 ok, 1 usage, 2 no peer / nobody serves the channel / no live node NODE,
+            3 schema or JSON error, 4 call failed (stats: a node did not answer),
+            5 --count not reached before --timeout, 6 stats: a live node cannot be asked
+            (no request socket; the others' counters are printed).)";
 
 int fail(int code, const std::string& what) {
   std::fprintf(stderr, "busctl: %s\n", what.c_str());
@@ -436,7 +451,7 @@ int cmd_peers(Tool& tool) {
   return kOk;
 }
 
-int cmd_stats(Tool& tool, const Schemas& schemas, const std::string& which) {
+int cmd_stats(Tool& tool, const std::string& which) {
   std::size_t expected = tool.peer_count();
   auto peers = tool.wait_for([&](const std::vector<bus::net::PeerInfo>& ps) {
     if (which.empty()) return ps.size() >= expected;
@@ -446,12 +461,20 @@ int cmd_stats(Tool& tool, const Schemas& schemas, const std::string& which) {
     return false;
   });
   if (peers.empty()) return fail(kUnreachable, std::string(tool.unreachable().message()));
-  auto reply_type = *schemas.find(capnp::typeId<bus::wire::NodeStatsReply>());
   int code = kOk;
-  bool any = false;
+  bool any = false, unaskable = false;
   for (const auto& p : peers) {
     if (!which.empty() && p.name != which && absl::StrCat(p.id) != which) continue;
     any = true;
+    if (p.request_endpoint.empty()) {
+      // Live (its heartbeats arrive), but $bus.stats is asked on a node's request socket.
+      unaskable = true;
+      std::fprintf(stderr,
+                   "busctl: %s (id %llu) is live but cannot be asked: it has no request socket "
+                   "(NodeOptions::requests_on)\n",
+                   p.name.c_str(), static_cast<unsigned long long>(p.id));
+      continue;
+    }
     std::mutex mu;
     std::condition_variable cv;
     std::optional<absl::StatusOr<std::string>> result;
@@ -487,12 +510,51 @@ int cmd_stats(Tool& tool, const Schemas& schemas, const std::string& which) {
       std::fprintf(stderr, "busctl: %s: %s\n", p.name.c_str(), result->status().ToString().c_str());
     }
   }
-  (void)reply_type;
   if (!any) {
     return fail(kUnreachable,
                 absl::StrCat("no live node named '", which, "' (`busctl peers` lists them)"));
   }
-  return code;
+  return code == kOk && unaskable ? kNotAskable : code;
+}
+
+/// Abseil keeps only the last of a repeated list flag; busctl's are documented "comma-separated
+/// or repeated", so every occurrence of one is joined into a single flag before parsing.
+std::vector<std::string> join_repeated_lists(int argc, char** argv) {
+  static const char* const kLists[] = {"peer", "schema", "import_path"};
+  std::vector<std::string> out, order;
+  std::map<std::string, std::vector<std::string>> values;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i > 0 && a == "--") {  // the rest are arguments, not flags
+      for (; i < argc; ++i) out.emplace_back(argv[i]);
+      break;
+    }
+    if (i == 0 || a.size() < 2 || a[0] != '-') {
+      out.push_back(std::move(a));
+      continue;
+    }
+    std::string name = a.substr(a[1] == '-' ? 2 : 1), value;
+    bool inline_value = false;
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+      inline_value = true;
+    }
+    if (std::find(std::begin(kLists), std::end(kLists), name) == std::end(kLists) ||
+        (!inline_value && i + 1 == argc)) {
+      out.push_back(std::move(a));  // not a list flag (or a bare one: Abseil says what is wrong)
+      continue;
+    }
+    if (!inline_value) value = argv[++i];
+    if (!values.contains(name)) order.push_back(name);
+    if (!value.empty()) values[name].push_back(std::move(value));
+  }
+  std::size_t at = out.empty() ? 0 : 1;
+  for (const std::string& name : order) {
+    out.insert(out.begin() + static_cast<std::ptrdiff_t>(at++),
+               absl::StrCat("--", name, "=", absl::StrJoin(values[name], ",")));
+  }
+  return out;
 }
 
 }  // namespace
@@ -507,7 +569,11 @@ int main(int argc, char** argv) {
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(kUsageText);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> joined = join_repeated_lists(argc, argv);
+  std::vector<char*> joined_argv;
+  for (std::string& a : joined) joined_argv.push_back(a.data());
+  std::vector<char*> args =
+      absl::ParseCommandLine(static_cast<int>(joined_argv.size()), joined_argv.data());
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (args.size() < 2) return fail(kUsage, "no command (busctl --help lists them)");
   std::string cmd = args[1];
@@ -536,7 +602,7 @@ int main(int argc, char** argv) {
     if (cmd == "sub") return cmd_watch(tool, schemas, arg(2));
     if (cmd == "tap") return cmd_watch(tool, schemas, "");
     if (cmd == "peers") return cmd_peers(tool);
-    return cmd_stats(tool, schemas, arg(2));
+    return cmd_stats(tool, arg(2));
   } catch (const std::exception& e) {
     return fail(kUnreachable, e.what());
   }

@@ -152,8 +152,14 @@ class Node {
   /// Remote subscriptions to `topic` on this node's publisher (one per subscribed node).
   std::size_t subscribers(std::string_view topic) const;
   /// Waits until `n` remote nodes subscribe to `topic` (the slow-joiner wait before a first
-  /// publish) or `timeout` passes. True when they did.
+  /// publish) or `timeout` passes. True when they did. Any subscriber counts (a `busctl sub`
+  /// too): to wait for particular nodes, name them.
   bool wait_for_subscribers(std::string_view topic, std::size_t n,
+                            std::chrono::milliseconds timeout) const;
+  /// Waits until the live nodes called `names` import `topic` (their heartbeats say so) and
+  /// their subscriptions have reached this node's publisher (at least as many as the live nodes
+  /// importing it), or `timeout` passes. True when they did.
+  bool wait_for_subscribers(std::string_view topic, const std::vector<std::string>& names,
                             std::chrono::milliseconds timeout) const;
   /// Waits until a live peer serves `channel` (an endpoint or queue) or `timeout` passes.
   bool wait_for_server(std::string_view channel, std::chrono::milliseconds timeout) const;

@@ -1,5 +1,5 @@
 // The typed adapters between a channel and the bridge: one per channel and direction. They run
-// on the bridge thread only; the bridge (node.cpp) sees them through `Bridged`.
+// on the bridge thread only; the bridge (bus/net/bridge.hpp) sees them through `Bridged`.
 #pragma once
 
 #include <absl/status/status.h>

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -83,11 +84,31 @@ class NodeOptions {
     allow_ = std::move(allow);
     return *this;
   }
-  /// How long the publisher may wait for a slow subscriber before dropping (and counting) a
-  /// batch. While it waits, the node stops taking local messages, which pushes back on
-  /// local publishers.
+  /// How long the publisher holds its output back for a subscriber whose queue is full before
+  /// it sends on without it. ZeroMQ then drops that subscriber's copies only (until its queue
+  /// has room again), and the subscriber counts what it missed as sequence gaps. While it holds,
+  /// every other subscriber waits too and local publishers feel the back-pressure through the
+  /// bounded rings, so keep it short, and well under heartbeat() x dead_after. 0: never hold.
   NodeOptions& send_stall_limit(std::chrono::milliseconds d) {
     stall_limit_ = d;
+    return *this;
+  }
+  /// Frames queued for each subscription, at each end: for each subscriber in the publisher
+  /// (ZMQ_SNDHWM; past it the subscriber counts as full) and for each publisher in the
+  /// subscriber (ZMQ_RCVHWM). A frame holds up to 32 KiB of messages, or one larger message.
+  /// With the socket buffers, this is what a subscriber may fall behind by without loss (and
+  /// then send_stall_limit()), what memory one that stops reading costs its publisher, and how
+  /// stale a slow reader's input gets.
+  NodeOptions& subscription_queue(int frames) {
+    subscription_queue_ = frames;
+    return *this;
+  }
+  /// A subscriber whose connection shows no sign of life for this long (ZMTP heartbeats, which
+  /// its ZeroMQ answers by itself while it reads) is disconnected, and what was queued for it is
+  /// freed; it reconnects by itself once it reads again (and counts what it missed). Default:
+  /// heartbeat() x dead_after. 0: never.
+  NodeOptions& subscriber_timeout(std::chrono::milliseconds d) {
+    subscriber_timeout_ = d;
     return *this;
   }
 
@@ -100,7 +121,7 @@ class NodeOptions {
   ///   heartbeat_ms = 200              dead_after = 3
   ///   max_message_bytes = 1048576     traversal_limit_words = 8388608   nesting_limit = 64
   ///   curve_public = ...              curve_secret = ...          allow = <key> (one per line)
-  ///   send_stall_limit_ms = 2000
+  ///   send_stall_limit_ms = 100       subscription_queue = 64       subscriber_timeout_ms = 600
   /// InvalidArgument names the line and what is wrong with it.
   static absl::StatusOr<NodeOptions> parse(std::string_view config);
   /// parse() of a file's contents; NotFound when it cannot be read.
@@ -120,6 +141,10 @@ class NodeOptions {
   const std::vector<std::string>& allow() const { return allow_; }
   bool secure() const { return !curve_.secret_key.empty(); }
   std::chrono::milliseconds send_stall_limit() const { return stall_limit_; }
+  int subscription_queue() const { return subscription_queue_; }
+  std::chrono::milliseconds subscriber_timeout() const {
+    return subscriber_timeout_ ? *subscriber_timeout_ : heartbeat_ * dead_after_;
+  }
 
  private:
   std::string name_ = "node";
@@ -134,7 +159,9 @@ class NodeOptions {
   int nesting_limit_ = 64;
   CurveKeys curve_;
   std::vector<std::string> allow_;
-  std::chrono::milliseconds stall_limit_{2000};
+  std::chrono::milliseconds stall_limit_{100};
+  int subscription_queue_ = 64;
+  std::optional<std::chrono::milliseconds> subscriber_timeout_;
 };
 
 }  // namespace bus::net
