@@ -1,8 +1,8 @@
 // The installed bridge: a node, and a Cap'n Proto message type of the consumer's own.
-#include "reading.capnp.h"
-
 #include <bus/net/node.hpp>
 #include <cstdio>
+
+#include "reading.capnp.h"
 
 using Reading = bus::Message<consumer::Reading>;
 inline const bus::Topic<Reading> readings{"consumer.readings"};
