@@ -35,6 +35,11 @@ using tcp = asio::ip::tcp;
 
 namespace detail {
 
+/// A Beast string as a std::string_view.
+inline std::string_view view(beast::string_view s) { return {s.data(), s.size()}; }
+/// An Asio socket owning `fd`, a connected TCP socket (closed when Asio cannot take it).
+tcp::socket adopt(asio::io_context& ioc, int fd);
+
 class IoThread;
 class WsSession;
 struct WsHub;
