@@ -16,6 +16,13 @@ macro(bus_capnp_prefer_static)
         set(CapnProto_${lib}_IMPORTED_LOCATION "${_bus_static_${lib}}" CACHE FILEPATH "" FORCE)
       endif()
     endforeach()
+  else()
+    # Turned off in a build folder where it was on: find the shared libraries again.
+    foreach(lib kj kj-async kj-http capnp capnp-json capnpc capnp-rpc)
+      if(CapnProto_${lib}_IMPORTED_LOCATION MATCHES "\\.a$")
+        unset(CapnProto_${lib}_IMPORTED_LOCATION CACHE)
+      endif()
+    endforeach()
   endif()
 endmacro()
 
@@ -58,6 +65,8 @@ macro(bus_zmq_prefer_static)
       set(ZeroMQ_LIBRARY "${_bus_static_zmq}" CACHE FILEPATH "" FORCE)
       set(_bus_zmq_static_deps "${_bus_static_sodium}" gssapi_krb5 pgm norm bsd rt Threads::Threads)
     endif()
+  elseif(ZeroMQ_LIBRARY MATCHES "\\.a$")
+    unset(ZeroMQ_LIBRARY CACHE)  # turned off where it was on: find the shared library again
   endif()
 endmacro()
 # After it: what the archive needs.
