@@ -43,6 +43,8 @@
 #include <string>
 #include <vector>
 
+#include "bridge_common.hpp"
+
 #ifndef BUS_BRIDGE_BUILD_TYPE
 #define BUS_BRIDGE_BUILD_TYPE "unknown"
 #endif
@@ -362,10 +364,7 @@ std::string cpu_model() {
 }
 
 std::string self_dir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) fail("readlink /proc/self/exe failed");
-  std::string p(buf, static_cast<std::size_t>(n));
+  std::string p = bench_bridge::self_exe();
   return p.substr(0, p.rfind('/'));
 }
 
@@ -381,20 +380,16 @@ std::string size_name(uint64_t b) { return b >= 1024 ? num(b / 1024) + " KiB" : 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> opt = {
-      {"runs", "5"},  {"warmup", "1"},    {"scale", "1"},    {"nats", ""},     {"port", "27300"},
-      {"filter", ""}, {"window", "1000"}, {"rr_size", "16"}, {"nats_pid", "0"}};
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto eq = a.find('=');
-    if (eq == std::string::npos || !opt.contains(a.substr(0, eq))) {
-      std::fprintf(stderr, "usage: %s [key=value...]; keys (defaults):", argv[0]);
-      for (auto& [k, v] : opt) std::fprintf(stderr, " %s=%s", k.c_str(), v.c_str());
-      std::fprintf(stderr, "\n");
-      return 2;
-    }
-    opt[a.substr(0, eq)] = a.substr(eq + 1);
-  }
+  std::map<std::string, std::string> opt = bench_bridge::driver_options(argc, argv,
+                                                                        {{"runs", "5"},
+                                                                         {"warmup", "1"},
+                                                                         {"scale", "1"},
+                                                                         {"nats", ""},
+                                                                         {"port", "27300"},
+                                                                         {"filter", ""},
+                                                                         {"window", "1000"},
+                                                                         {"rr_size", "16"},
+                                                                         {"nats_pid", "0"}});
   auto n = [&](const char* k) { return std::strtoull(opt[k].c_str(), nullptr, 10); };
   const int runs = static_cast<int>(n("runs")), warmup = static_cast<int>(n("warmup"));
   const double scale = std::strtod(opt["scale"].c_str(), nullptr);

@@ -35,6 +35,32 @@ inline uint64_t cpu_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+/// A driver's `key=value` arguments over `opt` (every key it takes, with its default). A word
+/// without '=' or an unknown key prints the keys and their defaults, and exits with 2.
+inline std::map<std::string, std::string> driver_options(int argc, char** argv,
+                                                         std::map<std::string, std::string> opt) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto eq = a.find('=');
+    if (eq == std::string::npos || !opt.contains(a.substr(0, eq))) {
+      std::fprintf(stderr, "usage: %s [key=value...]; keys (defaults):", argv[0]);
+      for (auto& [k, v] : opt) std::fprintf(stderr, " %s=%s", k.c_str(), v.c_str());
+      std::fprintf(stderr, "\n");
+      std::exit(2);
+    }
+    opt[a.substr(0, eq)] = a.substr(eq + 1);
+  }
+  return opt;
+}
+
+/// The running program's own path.
+inline std::string self_exe() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) fail("readlink /proc/self/exe failed");
+  return std::string(buf, static_cast<std::size_t>(n));
+}
+
 /// `role key=value...`: argv[1] is the role, the rest are key=value pairs.
 struct Args {
   std::map<std::string, std::string> kv;

@@ -270,32 +270,20 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-std::string self() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) fail("readlink /proc/self/exe failed");
-  return std::string(buf, static_cast<std::size_t>(n));
-}
-
 int drive(int argc, char** argv) {
-  std::map<std::string, std::string> opt = {
-      {"runs", "5"},        {"size", "64"},       {"rate", "0"},       {"before_ms", "1000"},
-      {"stall_ms", "3000"}, {"after_ms", "1000"}, {"bucket_ms", "10"}, {"port", "27400"}};
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto eq = a.find('=');
-    if (eq == std::string::npos || !opt.contains(a.substr(0, eq))) {
-      std::fprintf(stderr, "usage: %s [key=value...]; keys (defaults):", argv[0]);
-      for (auto& [k, v] : opt) std::fprintf(stderr, " %s=%s", k.c_str(), v.c_str());
-      std::fprintf(stderr, "\n");
-      return 2;
-    }
-    opt[a.substr(0, eq)] = a.substr(eq + 1);
-  }
+  std::map<std::string, std::string> opt = driver_options(argc, argv,
+                                                          {{"runs", "5"},
+                                                           {"size", "64"},
+                                                           {"rate", "0"},
+                                                           {"before_ms", "1000"},
+                                                           {"stall_ms", "3000"},
+                                                           {"after_ms", "1000"},
+                                                           {"bucket_ms", "10"},
+                                                           {"port", "27400"}});
   auto n = [&](const char* k) { return std::strtoull(opt[k].c_str(), nullptr, 10); };
   const uint64_t before = n("before_ms") * 1'000'000, stall = n("stall_ms") * 1'000'000;
   const uint64_t total_ms = n("before_ms") + n("stall_ms") + n("after_ms");
-  const std::string me = self();
+  const std::string me = self_exe();
   std::string cmd;
   for (int i = 0; i < argc; ++i) {
     if (i > 0) cmd += ' ';
