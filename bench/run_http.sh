@@ -18,6 +18,8 @@
 #   executor shares the I/O thread's cores, so it parks at once instead of spinning)  BUILD_DIR [build-bench]  JOBS [2]  OUT [bench/results/http-<date>-<commit>.txt]
 #   TLS [0]: 1 serves HTTPS only, bus and nginx with one certificate (EC P-256, made here with
 #   openssl) and the same TLS 1.2/1.3 protocols and ciphers (greeting_server's defaults)
+#   WRK_TIMEOUT [2s]: wrk's --timeout (a request unanswered for that long counts as a timeout); 10,000
+#   new TLS connections at once need more than 2 s of handshakes on one client core
 #   NEW_CONNECTION [0]: 1 makes every request a new connection ("Connection: close": wrk
 #   reconnects, with a full TLS handshake each time under TLS=1)  PATH_ [/greeting/Sergio]
 #   HEADER [""]: one more request header
@@ -43,12 +45,13 @@ BUS_ARGS=${BUS_ARGS-"--spin_us 0"}
 PAUSE=${PAUSE:-2}
 TLS=${TLS:-0}
 NEW_CONNECTION=${NEW_CONNECTION:-0}
+WRK_TIMEOUT=${WRK_TIMEOUT:-2s}
 PATH_=${PATH_:-/greeting/Sergio}
 HEADER=${HEADER:-}
 build=${BUILD_DIR:-build-bench}
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 out=${OUT:-bench/results/http-$(date +%F)-$commit.txt}
-reproduce="BUS_ARGS=\"$BUS_ARGS\" RUNS=$RUNS DURATION=$DURATION THREADS=\"$THREADS\" CONNS=\"$CONNS\" SERVERS=\"$SERVERS\" TLS=$TLS NEW_CONNECTION=$NEW_CONNECTION PATH_=$PATH_${HEADER:+ HEADER=\"...\"} bash bench/run_http.sh"
+reproduce="BUS_ARGS=\"$BUS_ARGS\" RUNS=$RUNS DURATION=$DURATION THREADS=\"$THREADS\" CONNS=\"$CONNS\" SERVERS=\"$SERVERS\" TLS=$TLS NEW_CONNECTION=$NEW_CONNECTION WRK_TIMEOUT=$WRK_TIMEOUT PATH_=$PATH_${HEADER:+ HEADER=\"...\"} bash bench/run_http.sh"
 
 # --- dependencies and build (their output goes to $build/run_http-build.log, not to OUT) ---
 bash scripts/deps.sh wrk nginx-light
@@ -270,7 +273,7 @@ measure() {  # run threads conns kind
     server_pid=
     row="NA\tNA\tNA\t0\t0\t0\t0\t0\tNA"
   else
-    local cmd=(wrk -t1 -c"$c" -d"${DURATION}s" --latency "${wrk_extra[@]}")
+    local cmd=(wrk -t1 -c"$c" -d"${DURATION}s" --timeout "$WRK_TIMEOUT" --latency "${wrk_extra[@]}")
     ((token_kinds)) && cmd+=(-s bench/http/tokens.lua)
     cmd+=("$scheme://127.0.0.1:$port$PATH_")
     [[ -n $(token_file "$kind") ]] && cmd+=(-- "$(token_file "$kind")")
