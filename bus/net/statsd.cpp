@@ -13,36 +13,15 @@
 namespace bus::net {
 
 void detail::node_figures(const NodeStats& s, StatsdSink& out) {
-  {
-    out.gauge("node.peers", static_cast<double>(s.peers.size()));
-    out.counter("node.published", s.published);
-    out.counter("node.publish_stalls", s.publish_stalls);
-    out.counter("node.publish_cuts", s.publish_cuts);
-    out.counter("node.malformed_frames", s.malformed_frames);
-    out.counter("node.oversized", s.oversized);
-    out.counter("node.unknown_channel", s.unknown_channel);
-    out.counter("node.peers_lost", s.peers_lost);
-    out.counter("node.peers_returned", s.peers_returned);
-    out.counter("node.calls_peer_gone", s.calls_peer_gone);
-    out.counter("node.late_replies", s.late_replies);
-    out.counter("node.unroutable_replies", s.unroutable_replies);
-    out.counter("node.send_refused", s.send_refused);
-    out.counter("node.auth_denied", s.auth_denied);
-    out.counter("node.publish_frames", s.publish_frames);
-    out.counter("node.request_frames", s.request_frames);
-    out.counter("node.reply_frames", s.reply_frames);
-    out.counter("node.direct_calls", s.direct_calls);
-    // Per channel, summed over peers (peer names come and go; StatsD names should not).
-    std::set<std::string> channels;
-    for (const ChannelTraffic& t : s.traffic) channels.insert(t.channel);
-    for (const std::string& channel : channels) {
-      ChannelTraffic t = s.channel(channel);
-      std::string base = absl::StrCat("node.channel.", channel, ".");
-      out.counter(base + "sent", t.sent);
-      out.counter(base + "received", t.received);
-      out.counter(base + "gaps", t.gaps);
-      out.counter(base + "rejected", t.rejected);
-      out.counter(base + "peer_missed", t.peer_missed);
+  out.gauge("node.peers", static_cast<double>(s.peers.size()));
+  for (const NodeFigure& f : kNodeFigures) out.counter(absl::StrCat("node.", f.name), s.*f.member);
+  // Per channel, summed over peers (peer names come and go; StatsD names should not).
+  std::set<std::string> channels;
+  for (const ChannelTraffic& t : s.traffic) channels.insert(t.channel);
+  for (const std::string& channel : channels) {
+    ChannelTraffic t = s.channel(channel);
+    for (const TrafficFigure& f : kTrafficFigures) {
+      out.counter(absl::StrCat("node.channel.", channel, ".", f.name), t.*f.member);
     }
   }
 }

@@ -59,51 +59,58 @@ std::string route_labels(const RouteLabel& r) {
   return absl::StrCat("method=\"", label(r.method), "\",route=\"", label(r.route), "\"");
 }
 
+/// The I/O threads' counters, summed over threads: one row each for /metrics and StatsD. Rows
+/// of one /metrics family (told apart by a label) follow each other; the first carries the help.
+struct IoFigure {
+  const char* metric;
+  const char* labels;
+  const char* statsd;
+  bool gauge;
+  std::atomic<uint64_t> IoCounters::*member;
+  const char* help;
+};
+constexpr IoFigure kIoFigures[] = {
+    {"bus_http_connections_accepted_total", "", "http.connections.accepted", false,
+     &IoCounters::accepted, "HTTP connections accepted."},
+    {"bus_http_connections_refused_total", "", "http.connections.refused", false,
+     &IoCounters::refused,
+     "Connections answered 503 and closed because max_connections were open."},
+    {"bus_http_connections_timed_out_total", "", "http.connections.timed_out", false,
+     &IoCounters::timed_out, "Connections closed by the read, idle or write timeout."},
+    {"bus_http_requests_waiting", "", "http.requests.waiting", true, &IoCounters::waiting,
+     "Requests read and waiting for a turn (the I/O thread has max_in_flight out)."},
+    {"bus_http_bad_requests_total", "", "http.bad_requests", false, &IoCounters::bad_requests,
+     "Requests refused before routing: malformed HTTP, headers or body over the limits."},
+    {"bus_http_tls_handshakes_total", "", "http.tls.handshakes", false, &IoCounters::tls_handshakes,
+     "TLS handshakes completed."},
+    {"bus_http_tls_handshake_failures_total", "", "http.tls.handshake_failures", false,
+     &IoCounters::tls_failed,
+     "TLS connections closed before their handshake completed: not TLS, a version, cipher or "
+     "ALPN protocol in common with none, a client certificate refused."},
+    {"bus_http_auth_refused_total", "reason=\"invalid_token\"", "http.auth.invalid_token", false,
+     &IoCounters::auth_invalid,
+     "Requests refused for their credentials: invalid_token (401), missing (401: a route that "
+     "requires a principal), insufficient_scope (403)."},
+    {"bus_http_auth_refused_total", "reason=\"missing\"", "http.auth.missing", false,
+     &IoCounters::auth_missing, nullptr},
+    {"bus_http_auth_refused_total", "reason=\"insufficient_scope\"", "http.auth.insufficient_scope",
+     false, &IoCounters::auth_forbidden, nullptr},
+};
+
+uint64_t io_total(const MetricsView& v, std::atomic<uint64_t> IoCounters::*member) {
+  uint64_t n = 0;
+  for (const IoCounters* io : v.io) n += (io->*member).load(std::memory_order_relaxed);
+  return n;
+}
+
 void http_metrics(const MetricsView& v, Writer& w) {
   const auto& routes = *v.routes;
-  auto total = [&](auto get) {
-    uint64_t n = 0;
-    for (const IoCounters* io : v.io) n += get(*io).load(std::memory_order_relaxed);
-    return n;
-  };
   w.family("bus_http_connections_open", "gauge", "Open HTTP connections.");
   w.sample("bus_http_connections_open", "", v.connections_open);
-  w.family("bus_http_connections_accepted_total", "counter", "HTTP connections accepted.");
-  w.sample("bus_http_connections_accepted_total", "",
-           total([](const IoCounters& c) -> auto& { return c.accepted; }));
-  w.family("bus_http_connections_refused_total", "counter",
-           "Connections answered 503 and closed because max_connections were open.");
-  w.sample("bus_http_connections_refused_total", "",
-           total([](const IoCounters& c) -> auto& { return c.refused; }));
-  w.family("bus_http_connections_timed_out_total", "counter",
-           "Connections closed by the read, idle or write timeout.");
-  w.sample("bus_http_connections_timed_out_total", "",
-           total([](const IoCounters& c) -> auto& { return c.timed_out; }));
-  w.family("bus_http_requests_waiting", "gauge",
-           "Requests read and waiting for a turn (the I/O thread has max_in_flight out).");
-  w.sample("bus_http_requests_waiting", "",
-           total([](const IoCounters& c) -> auto& { return c.waiting; }));
-  w.family("bus_http_bad_requests_total", "counter",
-           "Requests refused before routing: malformed HTTP, headers or body over the limits.");
-  w.sample("bus_http_bad_requests_total", "",
-           total([](const IoCounters& c) -> auto& { return c.bad_requests; }));
-  w.family("bus_http_tls_handshakes_total", "counter", "TLS handshakes completed.");
-  w.sample("bus_http_tls_handshakes_total", "",
-           total([](const IoCounters& c) -> auto& { return c.tls_handshakes; }));
-  w.family("bus_http_tls_handshake_failures_total", "counter",
-           "TLS connections closed before their handshake completed: not TLS, a version, cipher "
-           "or ALPN protocol in common with none, a client certificate refused.");
-  w.sample("bus_http_tls_handshake_failures_total", "",
-           total([](const IoCounters& c) -> auto& { return c.tls_failed; }));
-  w.family("bus_http_auth_refused_total", "counter",
-           "Requests refused for their credentials: invalid_token (401), missing (401: a route "
-           "that requires a principal), insufficient_scope (403).");
-  w.sample("bus_http_auth_refused_total", "reason=\"invalid_token\"",
-           total([](const IoCounters& c) -> auto& { return c.auth_invalid; }));
-  w.sample("bus_http_auth_refused_total", "reason=\"missing\"",
-           total([](const IoCounters& c) -> auto& { return c.auth_missing; }));
-  w.sample("bus_http_auth_refused_total", "reason=\"insufficient_scope\"",
-           total([](const IoCounters& c) -> auto& { return c.auth_forbidden; }));
+  for (const IoFigure& f : kIoFigures) {
+    if (f.help != nullptr) w.family(f.metric, f.gauge ? "gauge" : "counter", f.help);
+    w.sample(f.metric, f.labels, io_total(v, f.member));
+  }
 
   w.family("bus_http_requests_total", "counter", "HTTP requests answered, by route and status.");
   for (std::size_t r = 0; r < routes.size(); ++r) {
@@ -176,64 +183,20 @@ void bus_metrics(const Stats& s, Writer& w) {
 void node_metrics(const net::NodeStats& n, Writer& w) {
   w.family("bus_bridge_peers", "gauge", "Live bridge peers (nodes heard from).");
   w.sample("bus_bridge_peers", "", static_cast<uint64_t>(n.peers.size()));
-  struct Field {
-    const char* name;
-    const char* help;
-    uint64_t net::ChannelTraffic::*member;
-  };
-  static const Field traffic[] = {
-      {"bus_bridge_sent_total", "Messages that left for a peer, by channel.",
-       &net::ChannelTraffic::sent},
-      {"bus_bridge_received_total", "Messages accepted from a peer, by channel.",
-       &net::ChannelTraffic::received},
-      {"bus_bridge_gaps_total", "Messages a peer sent that never arrived (sequence gaps).",
-       &net::ChannelTraffic::gaps},
-      {"bus_bridge_rejected_total", "Messages from a peer rejected: wrong type id, undecodable.",
-       &net::ChannelTraffic::rejected},
-      {"bus_bridge_peer_missed_total",
-       "Messages sent to a peer that it reports never arrived (its gaps), by channel.",
-       &net::ChannelTraffic::peer_missed},
-  };
-  for (const Field& f : traffic) {
-    w.family(f.name, "counter", f.help);
+  for (const net::TrafficFigure& f : net::kTrafficFigures) {
+    const std::string name = absl::StrCat("bus_bridge_", f.name, "_total");
+    w.family(name, "counter", f.help);
     for (const net::ChannelTraffic& t : n.traffic) {
-      w.sample(f.name,
+      w.sample(name,
                absl::StrCat("channel=\"", label(t.channel), "\",peer=\"", label(t.peer_name),
                             "\",peer_id=\"", absl::Hex(t.peer, absl::kZeroPad16), "\""),
                t.*f.member);
     }
   }
-  struct Total {
-    const char* name;
-    const char* help;
-    uint64_t net::NodeStats::*member;
-  };
-  static const Total totals[] = {
-      {"bus_bridge_published_total", "Topic messages that left through the publisher.",
-       &net::NodeStats::published},
-      {"bus_bridge_publish_cuts_total",
-       "Times the publisher sent on without a subscriber whose queue stayed full.",
-       &net::NodeStats::publish_cuts},
-      {"bus_bridge_malformed_frames_total", "Frames with a bad envelope or framing.",
-       &net::NodeStats::malformed_frames},
-      {"bus_bridge_oversized_total", "Payloads over the maximum message size.",
-       &net::NodeStats::oversized},
-      {"bus_bridge_unknown_channel_total", "Frames for channels this node does not bridge.",
-       &net::NodeStats::unknown_channel},
-      {"bus_bridge_peers_lost_total", "Nodes declared dead after missed heartbeats.",
-       &net::NodeStats::peers_lost},
-      {"bus_bridge_peers_returned_total", "Nodes declared dead that were heard from again.",
-       &net::NodeStats::peers_returned},
-      {"bus_bridge_calls_peer_gone_total", "Requests failed because their node died.",
-       &net::NodeStats::calls_peer_gone},
-      {"bus_bridge_send_refused_total", "Requests or queue messages refused: no room.",
-       &net::NodeStats::send_refused},
-      {"bus_bridge_auth_denied_total", "Connections refused by the CURVE allowlist.",
-       &net::NodeStats::auth_denied},
-  };
-  for (const Total& t : totals) {
-    w.family(t.name, "counter", t.help);
-    w.sample(t.name, "", n.*t.member);
+  for (const net::NodeFigure& f : net::kNodeFigures) {
+    const std::string name = absl::StrCat("bus_bridge_", f.name, "_total");
+    w.family(name, "counter", f.help);
+    w.sample(name, "", n.*f.member);
   }
 }
 
@@ -304,32 +267,15 @@ std::string statsd_route(const RouteLabel& r) {
 }  // namespace
 
 void statsd_metrics(const MetricsView& v, StatsdSink& out) {
-  auto total = [&](auto get) {
-    uint64_t n = 0;
-    for (const IoCounters* io : v.io) n += get(*io).load(std::memory_order_relaxed);
-    return n;
-  };
   out.gauge("http.connections.open", static_cast<double>(v.connections_open));
-  out.counter("http.connections.accepted",
-              total([](const IoCounters& c) -> auto& { return c.accepted; }));
-  out.counter("http.connections.refused",
-              total([](const IoCounters& c) -> auto& { return c.refused; }));
-  out.counter("http.connections.timed_out",
-              total([](const IoCounters& c) -> auto& { return c.timed_out; }));
-  out.counter("http.bad_requests",
-              total([](const IoCounters& c) -> auto& { return c.bad_requests; }));
-  out.counter("http.tls.handshakes",
-              total([](const IoCounters& c) -> auto& { return c.tls_handshakes; }));
-  out.counter("http.tls.handshake_failures",
-              total([](const IoCounters& c) -> auto& { return c.tls_failed; }));
-  out.counter("http.auth.invalid_token",
-              total([](const IoCounters& c) -> auto& { return c.auth_invalid; }));
-  out.counter("http.auth.missing",
-              total([](const IoCounters& c) -> auto& { return c.auth_missing; }));
-  out.counter("http.auth.insufficient_scope",
-              total([](const IoCounters& c) -> auto& { return c.auth_forbidden; }));
-  out.gauge("http.requests.waiting",
-            static_cast<double>(total([](const IoCounters& c) -> auto& { return c.waiting; })));
+  for (const IoFigure& f : kIoFigures) {
+    uint64_t n = io_total(v, f.member);
+    if (f.gauge) {
+      out.gauge(f.statsd, static_cast<double>(n));
+    } else {
+      out.counter(f.statsd, n);
+    }
+  }
   if (v.websocket) {
     for (const WsFigure& f : kWsFigures) {
       std::string name = absl::StrCat("ws.", f.name);

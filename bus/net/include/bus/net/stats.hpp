@@ -48,45 +48,93 @@ struct NodeStats {
   uint64_t id = 0;
   std::vector<PeerInfo> peers;          // live peers
   std::vector<ChannelTraffic> traffic;  // per (channel, peer)
-  uint64_t published = 0;               // topic messages that left through the publisher
-  uint64_t publish_frames = 0;          // frames they left in: published over it is the batching
-  uint64_t publish_stalls = 0;          // frames a subscriber's full queue held back (each once)
-  // Times the publisher stopped waiting for a full subscriber (send_stall_limit) and sent on
-  // without it: from then on ZeroMQ drops that subscriber's copies until it has room again;
-  // what it missed is counted by it (gaps) and reported back here (peer_missed).
+  // The counters; kNodeFigures below says what each counts.
+  uint64_t published = 0;
+  uint64_t publish_frames = 0;
+  uint64_t publish_stalls = 0;
+  // After a cut ZeroMQ drops that subscriber's copies until it has room again; what it missed is
+  // counted by it (gaps) and reported back here (peer_missed).
   uint64_t publish_cuts = 0;
-  uint64_t malformed_frames = 0;    // bad envelope, bad framing, wrong part count
-  uint64_t oversized = 0;           // payloads over max_message_bytes
-  uint64_t unknown_channel = 0;     // frames for channels this node does not bridge
-  uint64_t peers_lost = 0;          // nodes declared dead (heard nothing from them)
-  uint64_t peers_returned = 0;      // nodes declared dead and heard from again (same run)
-  uint64_t calls_peer_gone = 0;     // requests failed because their node died
-  uint64_t late_replies = 0;        // replies after their request was done
-  uint64_t unroutable_replies = 0;  // replies whose requester disconnected
-  uint64_t send_refused = 0;        // requests or queue messages refused: no room toward the peer
-  uint64_t auth_denied = 0;         // connections refused by the CURVE allowlist
-  // Frames that carried requests / replies: one each, or a batch of several (to and from nodes
-  // that read batches). Requests sent over request_frames is the batching achieved.
+  uint64_t malformed_frames = 0;
+  uint64_t oversized = 0;
+  uint64_t unknown_channel = 0;
+  uint64_t peers_lost = 0;
+  uint64_t peers_returned = 0;  // same run: the same node id
+  uint64_t calls_peer_gone = 0;
+  uint64_t late_replies = 0;
+  uint64_t unroutable_replies = 0;
+  uint64_t send_refused = 0;
+  uint64_t auth_denied = 0;
+  // Requests (replies) sent over request_frames (reply_frames) is the batching achieved, to and
+  // from nodes that read batches.
   uint64_t request_frames = 0;
   uint64_t reply_frames = 0;
-  // Requests sent and answered on their callers' threads (Bus::call from a plain thread), not
-  // through the bridge thread: one frame each, counted in request_frames too.
-  uint64_t direct_calls = 0;
+  uint64_t direct_calls = 0;  // one frame each, counted in request_frames too
 
   /// Sums over peers for `channel`.
-  ChannelTraffic channel(std::string_view channel) const {
-    ChannelTraffic t;
-    t.channel = std::string(channel);
-    for (const auto& c : traffic) {
-      if (c.channel != channel) continue;
-      t.sent += c.sent;
-      t.received += c.received;
-      t.gaps += c.gaps;
-      t.rejected += c.rejected;
-      t.peer_missed += c.peer_missed;
-    }
-    return t;
-  }
+  ChannelTraffic channel(std::string_view channel) const;
 };
+
+/// The counters of NodeStats and ChannelTraffic, each named once: StatsD and $bus.stats report
+/// `node.<name>` (traffic: `node.channel.<channel>.<name>`), /metrics `bus_bridge_<name>_total`
+/// (traffic labelled by channel and peer). A new counter is a field plus a row here.
+struct NodeFigure {
+  const char* name;
+  const char* help;
+  uint64_t NodeStats::*member;
+};
+inline constexpr NodeFigure kNodeFigures[] = {
+    {"published", "Topic messages that left through the publisher.", &NodeStats::published},
+    {"publish_frames", "Frames the published messages left in (published over it: the batching).",
+     &NodeStats::publish_frames},
+    {"publish_stalls", "Frames a subscriber's full queue held back (each once).",
+     &NodeStats::publish_stalls},
+    {"publish_cuts", "Times the publisher sent on without a subscriber whose queue stayed full.",
+     &NodeStats::publish_cuts},
+    {"malformed_frames", "Frames with a bad envelope or framing.", &NodeStats::malformed_frames},
+    {"oversized", "Payloads over the maximum message size.", &NodeStats::oversized},
+    {"unknown_channel", "Frames for channels this node does not bridge.",
+     &NodeStats::unknown_channel},
+    {"peers_lost", "Nodes declared dead after hearing nothing from them.", &NodeStats::peers_lost},
+    {"peers_returned", "Nodes declared dead that were heard from again.",
+     &NodeStats::peers_returned},
+    {"calls_peer_gone", "Requests failed because their node died.", &NodeStats::calls_peer_gone},
+    {"late_replies", "Replies that came after their request had ended.", &NodeStats::late_replies},
+    {"unroutable_replies", "Replies whose requester had disconnected.",
+     &NodeStats::unroutable_replies},
+    {"send_refused", "Requests or queue messages refused: no room toward the peer.",
+     &NodeStats::send_refused},
+    {"auth_denied", "Connections refused by the CURVE allowlist.", &NodeStats::auth_denied},
+    {"request_frames", "Frames that carried requests (one, or a batch).",
+     &NodeStats::request_frames},
+    {"reply_frames", "Frames that carried replies (one, or a batch).", &NodeStats::reply_frames},
+    {"direct_calls", "Requests sent and answered on their callers' threads (Bus::call).",
+     &NodeStats::direct_calls},
+};
+
+struct TrafficFigure {
+  const char* name;
+  const char* help;
+  uint64_t ChannelTraffic::*member;
+};
+inline constexpr TrafficFigure kTrafficFigures[] = {
+    {"sent", "Messages that left for a peer, by channel.", &ChannelTraffic::sent},
+    {"received", "Messages accepted from a peer, by channel.", &ChannelTraffic::received},
+    {"gaps", "Messages a peer sent that never arrived (sequence gaps).", &ChannelTraffic::gaps},
+    {"rejected", "Messages from a peer rejected: wrong type id, undecodable.",
+     &ChannelTraffic::rejected},
+    {"peer_missed", "Messages sent to a peer that it reports never arrived (its gaps).",
+     &ChannelTraffic::peer_missed},
+};
+
+inline ChannelTraffic NodeStats::channel(std::string_view channel) const {
+  ChannelTraffic t;
+  t.channel = std::string(channel);
+  for (const ChannelTraffic& c : traffic) {
+    if (c.channel != channel) continue;
+    for (const TrafficFigure& f : kTrafficFigures) t.*f.member += c.*f.member;
+  }
+  return t;
+}
 
 }  // namespace bus::net
