@@ -343,11 +343,9 @@ Stat stat_of(const Case& c, double Sample::*what) {
   Stat st;
   st.n = static_cast<int>(v.size());
   if (v.empty()) return st;
-  std::sort(v.begin(), v.end());
-  // The median of an even count is the mean of the middle two.
-  st.median = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-  st.min = v.front();
-  st.max = v.back();
+  st.median = bench_bridge::median(v);
+  st.min = *std::min_element(v.begin(), v.end());
+  st.max = *std::max_element(v.begin(), v.end());
   return st;
 }
 

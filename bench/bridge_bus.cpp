@@ -220,12 +220,6 @@ struct Client {
   }
 };
 
-double percentile(std::vector<uint64_t>& v, double p) {
-  std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(p * v.size()));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
-  return static_cast<double>(v[i]);
-}
-
 int role_rtt(const Args& a) {
   uint64_t n = a.num("count"), warm = a.num("warmup", 1000);
   BlobMaker maker(a.num("size"));
@@ -243,15 +237,7 @@ int role_rtt(const Args& a) {
     if ((*rep)->getSeq() != i) ++bad;
     if (i > warm) ns.push_back(dt);
   }
-  uint64_t cpu = cpu_ns() - c0;
-  uint64_t total = 0;
-  for (uint64_t x : ns) total += x;
-  double mean = static_cast<double>(total) / static_cast<double>(n);
-  double p50 = percentile(ns, 0.50), p99 = percentile(ns, 0.99), p999 = percentile(ns, 0.999);
-  std::printf("result count=%llu ok=%d p50=%.0f p99=%.0f p999=%.0f mean=%.0f cpu=%llu\n",
-              static_cast<unsigned long long>(n), bad == 0, p50, p99, p999, mean,
-              static_cast<unsigned long long>(cpu));
-  std::fflush(stdout);
+  print_latency_result(n, bad == 0, ns, cpu_ns() - c0);
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace bench_bridge {
 
@@ -33,6 +35,33 @@ inline uint64_t cpu_ns() {
   timespec ts{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+/// The value at fraction `p` of `v` (reordered in place).
+inline double percentile(std::vector<uint64_t>& v, double p) {
+  std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(p * v.size()));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
+  return static_cast<double>(v[i]);
+}
+
+/// The median of `v`; of an even count, the mean of the middle two.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+/// An rtt role's result line for the driver: `count` calls, `ok` when every reply matched its
+/// request, the latencies after warm-up (`ns`, reordered) and the process's CPU time.
+inline void print_latency_result(uint64_t count, bool ok, std::vector<uint64_t>& ns, uint64_t cpu) {
+  uint64_t total = 0;
+  for (uint64_t x : ns) total += x;
+  double mean = static_cast<double>(total) / static_cast<double>(count);
+  double p50 = percentile(ns, 0.50), p99 = percentile(ns, 0.99), p999 = percentile(ns, 0.999);
+  std::printf("result count=%llu ok=%d p50=%.0f p99=%.0f p999=%.0f mean=%.0f cpu=%llu\n",
+              static_cast<unsigned long long>(count), ok, p50, p99, p999, mean,
+              static_cast<unsigned long long>(cpu));
+  std::fflush(stdout);
 }
 
 /// A driver's `key=value` arguments over `opt` (every key it takes, with its default). A word

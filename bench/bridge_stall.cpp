@@ -264,12 +264,6 @@ double rate_in(const std::map<std::string, std::string>& r, uint64_t from, uint6
   return last > first ? static_cast<double>(sum) * 1e9 / static_cast<double>(last - first) : 0;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
 int drive(int argc, char** argv) {
   std::map<std::string, std::string> opt = driver_options(argc, argv,
                                                           {{"runs", "5"},
