@@ -17,14 +17,12 @@
 
 #include <absl/status/status.h>
 #include <absl/status/statusor.h>
-#include <absl/strings/str_cat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -105,15 +103,6 @@ struct ReactorCore {
   void settled() { bump(pending, -1); }
 };
 
-/// An error for "every call failed": the last failure's code, every failure's message.
-inline absl::Status all_failed(const std::vector<absl::Status>& errors, std::size_t last) {
-  std::string msg = absl::StrCat("bus: all ", errors.size(), " calls failed:");
-  for (std::size_t i = 0; i < errors.size(); ++i) {
-    absl::StrAppend(&msg, " [", i, "] ", errors[i].ToString(), i + 1 < errors.size() ? ";" : "");
-  }
-  return absl::Status(errors[last].code(), msg);
-}
-
 template <class C>
 using CallOf = std::remove_cvref_t<C>;
 
@@ -138,11 +127,7 @@ class Reactor {
         core_(std::make_shared<detail::ReactorCore>(options.max_pending_compositions())) {}
   Reactor(const Reactor&) = delete;
   Reactor& operator=(const Reactor&) = delete;
-  ~Reactor() {
-    core_->alive.store(false, std::memory_order_relaxed);
-    detail::ReactorCore::bump(core_->abandoned, static_cast<int64_t>(core_->awaiting));
-    core_->awaiting = 0;
-  }
+  ~Reactor();
 
   /// Every call; `then(absl::StatusOr<Rep>...)` (one argument per call, in order) runs once all
   /// have answered, failed or reached their deadline: by `timeout` at the latest.
@@ -170,15 +155,7 @@ class Reactor {
   }
 
   /// Readable from any thread.
-  ReactorStats stats() const {
-    ReactorStats s;
-    s.started = core_->started.load(std::memory_order_relaxed);
-    s.completed = core_->completed.load(std::memory_order_relaxed);
-    s.rejected = core_->rejected.load(std::memory_order_relaxed);
-    s.abandoned = core_->abandoned.load(std::memory_order_relaxed);
-    s.pending = core_->pending.load(std::memory_order_relaxed);
-    return s;
-  }
+  ReactorStats stats() const;
 
  private:
   template <class... C>
@@ -189,65 +166,29 @@ class Reactor {
   friend class EachOf;
 
   /// The calling thread's producer, after checking that it owns this reactor's inbox.
-  detail::Producer& owner() {
-    detail::Producer& p = bus_.core_->producer();
-    if (p.own_inbox == nullptr) {
-      throw std::logic_error(
-          "bus::Reactor: start compositions on an executor or an external inbox's thread (in a "
-          "handler, a timer or a posted closure), not on a plain thread");
-    }
-    if (core_->home == nullptr) core_->home = p.own_inbox;
-    if (core_->home != p.own_inbox) {
-      throw std::logic_error(
-          "bus::Reactor: used from two threads; a reactor belongs to the thread of its first "
-          "composition (give each service or I/O thread its own)");
-    }
-    return p;
-  }
+  detail::Producer& owner();
   /// Counts a new composition in; false (and the refusal is counted) past max_pending.
-  bool admit() {
-    if (core_->pending.load(std::memory_order_relaxed) >= core_->max_pending) {
-      detail::ReactorCore::bump(core_->rejected);
-      return false;
-    }
-    detail::ReactorCore::bump(core_->started);
-    detail::ReactorCore::bump(core_->pending);
-    ++core_->awaiting;
-    return true;
-  }
+  bool admit();
   /// Runs `fn` later on the owning thread (never inside then()), unless the reactor goes first.
   template <class F>
-  void later(F fn) {
-    (void)bus_.post_to(*core_->home, [core = core_, fn = std::move(fn)]() mutable {
-      if (core->alive.load(std::memory_order_relaxed)) fn();
-    });
-  }
-  static absl::Status refusal(std::size_t max) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "bus: too many compositions in progress (ReactorOptions::max_pending_compositions ", max,
-        ")"));
-  }
+  void later(F fn);
+  /// The ResourceExhausted a refused composition's continuation gets.
+  static absl::Status refusal(std::size_t max);
+  /// Sends one call of a composition from `p`: its deadline is `now` plus the shorter of
+  /// `timeout` and the call's own; `cb` gets the reply on the owning thread.
   template <class Call, class CB>
   void issue(detail::Producer& p, Call&& c, Clock::time_point now, Clock::duration timeout,
-             CB&& cb) {
-    Clock::duration t = c.timeout && *c.timeout < timeout ? *c.timeout : timeout;
-    bus_.request_from(p, *core_->home, *c.endpoint, std::move(c.request), now + t,
-                      std::forward<CB>(cb));
-  }
+             CB&& cb);
 
   /// The endpoint's servers now (a snapshot that stays valid while the bus lives).
   template <class Req, class Rep>
   const detail::TargetList<detail::EndpointTarget<Req, Rep>>* servers(
-      const Endpoint<Req, Rep>& endpoint) {
-    return bus_.endpoint_state(endpoint).targets.load();
-  }
+      const Endpoint<Req, Rep>& endpoint);
+  /// Sends `request` to `server` itself, past the endpoint's choice of server (each() asks all).
   template <class Req, class Rep, class CB>
   void issue_to(detail::Producer& p, const Endpoint<Req, Rep>& endpoint,
                 detail::EndpointTarget<Req, Rep>* server, Req&& request, Clock::time_point deadline,
-                CB&& cb) {
-    bus_.request_from(p, *core_->home, endpoint, std::move(request), deadline, std::forward<CB>(cb),
-                      server);
-  }
+                CB&& cb);
 
   Bus& bus_;
   std::shared_ptr<detail::ReactorCore> core_;
@@ -262,44 +203,11 @@ class AllOf {
   AllOf(Reactor& r, Clock::duration timeout, C... calls)
       : reactor_(r), timeout_(timeout), calls_(std::move(calls)...) {}
 
+  /// Sends every call now and runs `fn(absl::StatusOr<Reply>...)` once, on the reactor's thread,
+  /// when all have answered or failed. Call it on that thread; a refused composition's `fn`
+  /// still runs (later, with ResourceExhausted for every call), an abandoned one's never does.
   template <class F>
-  void then(F&& fn) && {
-    using Fn = std::decay_t<F>;
-    static_assert(std::is_invocable_v<Fn&, absl::StatusOr<typename C::Reply>...>,
-                  "bus::Reactor::all: the continuation takes absl::StatusOr<Reply> for each "
-                  "call, in order");
-    Reactor& r = reactor_;
-    detail::Producer& p = r.owner();
-    if (!r.admit()) {
-      r.later([fn = Fn(std::forward<F>(fn)), max = r.core_->max_pending]() mutable {
-        fn(absl::StatusOr<typename C::Reply>(Reactor::refusal(max))...);
-      });
-      return;
-    }
-    struct State {
-      std::shared_ptr<detail::ReactorCore> core;
-      Fn fn;
-      std::tuple<std::optional<absl::StatusOr<typename C::Reply>>...> results;
-      std::size_t left = sizeof...(C);
-      void arrived() {
-        if (--left > 0) return;
-        core->settled();
-        if (!core->due()) return;
-        std::apply([&](auto&... r) { fn(std::move(*r)...); }, results);
-      }
-    };
-    auto st = std::make_shared<State>(State{r.core_, Fn(std::forward<F>(fn)), {}});
-    auto now = Clock::now();
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (r.issue(p, std::move(std::get<I>(calls_)), now, timeout_,
-               [st](absl::StatusOr<typename C::Reply> rep) {
-                 std::get<I>(st->results).emplace(std::move(rep));
-                 st->arrived();
-               }),
-       ...);
-    }
-    (std::index_sequence_for<C...>{});
-  }
+  void then(F&& fn) &&;
 
  private:
   Reactor& reactor_;
@@ -318,51 +226,10 @@ class FirstOf {
   FirstOf(Reactor& r, Clock::duration timeout, C... calls)
       : reactor_(r), timeout_(timeout), calls_(std::move(calls)...) {}
 
+  /// Sends every call now and runs `fn(absl::StatusOr<Reply>, std::size_t index)` once, on the
+  /// reactor's thread: for the first success, or once all failed (index SIZE_MAX).
   template <class F>
-  void then(F&& fn) && {
-    using Fn = std::decay_t<F>;
-    static_assert(std::is_invocable_v<Fn&, absl::StatusOr<Rep>, std::size_t>,
-                  "bus::Reactor::first: the continuation takes (absl::StatusOr<Reply>, "
-                  "std::size_t index)");
-    Reactor& r = reactor_;
-    detail::Producer& p = r.owner();
-    if (!r.admit()) {
-      r.later([fn = Fn(std::forward<F>(fn)), max = r.core_->max_pending]() mutable {
-        fn(absl::StatusOr<Rep>(Reactor::refusal(max)), SIZE_MAX);
-      });
-      return;
-    }
-    struct State {
-      std::shared_ptr<detail::ReactorCore> core;
-      Fn fn;
-      std::vector<absl::Status> errors = std::vector<absl::Status>(sizeof...(C));
-      std::size_t left = sizeof...(C);
-      bool done = false;
-      void arrived(std::size_t i, absl::StatusOr<Rep>&& rep) {
-        bool last = --left == 0;
-        if (last) core->settled();
-        if (done) return;
-        if (rep.ok()) {
-          done = true;
-          if (core->due()) fn(std::move(rep), i);
-        } else {
-          errors[i] = rep.status();
-          if (last) {
-            done = true;
-            if (core->due()) fn(absl::StatusOr<Rep>(detail::all_failed(errors, i)), SIZE_MAX);
-          }
-        }
-      }
-    };
-    auto st = std::make_shared<State>(State{r.core_, Fn(std::forward<F>(fn))});
-    auto now = Clock::now();
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (r.issue(p, std::move(std::get<I>(calls_)), now, timeout_,
-               [st](absl::StatusOr<Rep> rep) { st->arrived(I, std::move(rep)); }),
-       ...);
-    }
-    (std::index_sequence_for<C...>{});
-  }
+  void then(F&& fn) &&;
 
  private:
   Reactor& reactor_;
@@ -377,60 +244,10 @@ class EachOf {
   EachOf(Reactor& r, const Endpoint<Req, Rep>& endpoint, Req request, Clock::duration timeout)
       : reactor_(r), endpoint_(endpoint), request_(std::move(request)), timeout_(timeout) {}
 
+  /// Sends a copy of the request to each server there is now and runs
+  /// `fn(std::vector<absl::StatusOr<Reply>>)` once, on the reactor's thread, with every answer.
   template <class F>
-  void then(F&& fn) && {
-    using Fn = std::decay_t<F>;
-    using Replies = std::vector<absl::StatusOr<Rep>>;
-    static_assert(std::is_invocable_v<Fn&, Replies>,
-                  "bus::Reactor::each: the continuation takes "
-                  "std::vector<absl::StatusOr<Reply>>");
-    static_assert(std::is_copy_constructible_v<Req>,
-                  "bus::Reactor::each: the request is copied to every server");
-    Reactor& r = reactor_;
-    detail::Producer& p = r.owner();
-    if (!r.admit()) {
-      r.later([fn = Fn(std::forward<F>(fn)), max = r.core_->max_pending]() mutable {
-        fn(Replies{absl::StatusOr<Rep>(Reactor::refusal(max))});
-      });
-      return;
-    }
-    // A snapshot: servers added later are not asked, removed ones hand their copy on.
-    const auto* list = r.servers(endpoint_);
-    std::size_t n = list == nullptr ? 0 : list->targets.size();
-    struct State {
-      std::shared_ptr<detail::ReactorCore> core;
-      Fn fn;
-      std::vector<std::optional<absl::StatusOr<Rep>>> results;
-      std::size_t left;
-      void arrived() {
-        if (--left > 0) return;
-        core->settled();
-        if (!core->due()) return;
-        Replies out;
-        out.reserve(results.size());
-        for (auto& res : results) out.push_back(std::move(*res));
-        fn(std::move(out));
-      }
-    };
-    auto st = std::make_shared<State>(State{r.core_, Fn(std::forward<F>(fn)), {}, n});
-    st->results.resize(n);
-    if (n == 0) {
-      r.core_->settled();
-      r.later([st] {
-        if (st->core->due()) st->fn(Replies{});
-      });
-      return;
-    }
-    auto deadline = Clock::now() + timeout_;
-    for (std::size_t i = 0; i < n; ++i) {
-      Req copy = i + 1 < n ? Req(request_) : std::move(request_);
-      r.issue_to(p, endpoint_, list->targets[i], std::move(copy), deadline,
-                 [st, i](absl::StatusOr<Rep> rep) {
-                   st->results[i].emplace(std::move(rep));
-                   st->arrived();
-                 });
-    }
-  }
+  void then(F&& fn) &&;
 
  private:
   Reactor& reactor_;
@@ -440,3 +257,5 @@ class EachOf {
 };
 
 }  // namespace bus
+
+#include "bus/detail/compose-inl.hpp"
