@@ -226,24 +226,49 @@ class Browser {
 
 }  // namespace
 
-TEST(GreetingWebPage, ShowsPublishedGreetingsLiveAndAnswersItsForm) {
-  // CI installs them (scripts/test.sh): missing is a broken setup, not a reason to skip.
-  ASSERT_EQ(::access(kChromium, X_OK), 0)
-      << kChromium << " is missing: bash scripts/deps.sh chromium chromium-driver";
-  ASSERT_EQ(::access(kChromedriver, X_OK), 0)
-      << kChromedriver << " is missing: bash scripts/deps.sh chromium chromium-driver";
+/// greeting_server, chromedriver and one headless Chromium session, started by SetUp; finish()
+/// ends them in order and checks that each exits cleanly.
+class GreetingInChromium : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // CI installs them (scripts/test.sh): missing is a broken setup, not a reason to skip.
+    ASSERT_EQ(::access(kChromium, X_OK), 0)
+        << kChromium << " is missing: bash scripts/deps.sh chromium chromium-driver";
+    ASSERT_EQ(::access(kChromedriver, X_OK), 0)
+        << kChromedriver << " is missing: bash scripts/deps.sh chromium chromium-driver";
+    server_.emplace(std::vector<std::string>{GREETING_SERVER, "--port=0"});
+    base_ = integ::printed_base_url(*server_, "/greeting");
+    ASSERT_FALSE(base_.empty()) << "greeting_server printed no URL";
+    driver_.emplace();
+    ASSERT_FALSE(driver_->url().empty()) << "chromedriver did not start (its log is above)";
+    ASSERT_TRUE(bus_test::eventually([&] { return driver_->ready(); }))
+        << "chromedriver never said ready";
+    browser_.emplace(driver_->url());
+    std::string error = browser_->start();
+    ASSERT_EQ(error, "") << "no Chromium session";
+  }
 
-  integ::Child server({GREETING_SERVER, "--port=0"});
-  std::string base = integ::printed_base_url(server, "/greeting");
-  ASSERT_FALSE(base.empty()) << "greeting_server printed no URL";
+  void finish() {
+    EXPECT_EQ(browser_->quit(), "");
+    EXPECT_TRUE(driver_->stop()) << "chromedriver did not exit by itself";
+    ::kill(server_->pid(), SIGTERM);
+    int exit = server_->wait(30s);
+    ASSERT_TRUE(WIFEXITED(exit));
+    EXPECT_EQ(WEXITSTATUS(exit), 0);
+  }
 
-  Chromedriver driver;
-  ASSERT_FALSE(driver.url().empty()) << "chromedriver did not start (its log is above)";
-  ASSERT_TRUE(bus_test::eventually([&] { return driver.ready(); }))
-      << "chromedriver never said ready";
-  Browser browser(driver.url());
-  std::string error = browser.start();
-  ASSERT_EQ(error, "") << "no Chromium session";
+  std::optional<integ::Child> server_;
+  std::string base_;  // the greeting's URL: http://127.0.0.1:PORT/greeting
+  std::optional<Chromedriver> driver_;
+  std::optional<Browser> browser_;
+};
+
+using GreetingWebPage = GreetingInChromium;
+using GreetingDocsPage = GreetingInChromium;
+
+TEST_F(GreetingWebPage, ShowsPublishedGreetingsLiveAndAnswersItsForm) {
+  Browser& browser = *browser_;
+  const std::string& base = base_;
 
   // The page subscribes as soon as its socket opens; publish only once the server said so.
   ASSERT_EQ(browser.go(base + "/"), "");
@@ -271,33 +296,15 @@ TEST(GreetingWebPage, ShowsPublishedGreetingsLiveAndAnswersItsForm) {
     return !(reply = browser.text("#reply")).value_or("").empty();
   })) << "#reply stayed empty";
   EXPECT_EQ(*reply, "Hello Margaret");
-
-  EXPECT_EQ(browser.quit(), "");
-  EXPECT_TRUE(driver.stop()) << "chromedriver did not exit by itself";
-  ::kill(server.pid(), SIGTERM);
-  int exit = server.wait(30s);
-  ASSERT_TRUE(WIFEXITED(exit));
-  EXPECT_EQ(WEXITSTATUS(exit), 0);
+  finish();
 }
 
-TEST(GreetingDocsPage, SwaggerUiShowsTheOperationsOfOpenapiJson) {
-  ASSERT_EQ(::access(kChromium, X_OK), 0)
-      << kChromium << " is missing: bash scripts/deps.sh chromium chromium-driver";
-  ASSERT_EQ(::access(kChromedriver, X_OK), 0)
-      << kChromedriver << " is missing: bash scripts/deps.sh chromium chromium-driver";
+TEST_F(GreetingDocsPage, SwaggerUiShowsTheOperationsOfOpenapiJson) {
   // Swagger UI's files come from npm (swagger-ui-dist); the server reads them at start.
   ASSERT_EQ(::access(SWAGGER_UI_DIR "/swagger-ui-bundle.js", R_OK), 0)
       << SWAGGER_UI_DIR << " is missing: bash scripts/npm_tools.sh";
-
-  integ::Child server({GREETING_SERVER, "--port=0"});
-  std::string base = integ::printed_base_url(server, "/greeting");
-  ASSERT_FALSE(base.empty()) << "greeting_server printed no URL";
-  Chromedriver driver;
-  ASSERT_FALSE(driver.url().empty()) << "chromedriver did not start (its log is above)";
-  ASSERT_TRUE(bus_test::eventually([&] { return driver.ready(); }))
-      << "chromedriver never said ready";
-  Browser browser(driver.url());
-  ASSERT_EQ(browser.start(), "") << "no Chromium session";
+  Browser& browser = *browser_;
+  const std::string& base = base_;
 
   ASSERT_EQ(browser.go(base + "/docs"), "");
   // Swagger UI fetches /openapi.json and renders one block per operation, its path in data-path.
@@ -321,11 +328,5 @@ TEST(GreetingDocsPage, SwaggerUiShowsTheOperationsOfOpenapiJson) {
   std::vector<std::string> summaries = browser.texts(".opblock-summary-description");
   EXPECT_NE(std::find(summaries.begin(), summaries.end(), "Greets `name`"), summaries.end())
       << "summaries: " << absl::StrJoin(summaries, " | ");
-
-  EXPECT_EQ(browser.quit(), "");
-  EXPECT_TRUE(driver.stop()) << "chromedriver did not exit by itself";
-  ::kill(server.pid(), SIGTERM);
-  int exit = server.wait(30s);
-  ASSERT_TRUE(WIFEXITED(exit));
-  EXPECT_EQ(WEXITSTATUS(exit), 0);
+  finish();
 }
