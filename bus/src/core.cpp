@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "bus/detail/targets.hpp"
+#include "bus/detail/endpoint_target.hpp"
 
 namespace bus::detail {
 

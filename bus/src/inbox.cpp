@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include "bus/detail/core.hpp"
-#include "bus/detail/targets.hpp"
+#include "bus/detail/endpoint_target.hpp"
 
 namespace bus::detail {
 

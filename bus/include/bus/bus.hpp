@@ -22,7 +22,7 @@
 #include "bus/batch.hpp"
 #include "bus/channel.hpp"
 #include "bus/detail/core.hpp"
-#include "bus/detail/targets.hpp"
+#include "bus/detail/endpoint_target.hpp"
 #include "bus/external_inbox.hpp"
 #include "bus/options.hpp"
 #include "bus/principal.hpp"
