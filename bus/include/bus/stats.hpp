@@ -26,14 +26,19 @@ struct ChannelStats {
   uint64_t unrouted = 0;        // cancelled on their way to a consumer, with none left
 };
 
-/// One counter of ChannelStats, named once for every exporter: StatsD sends
-/// `channel.<channel>.<name>`, /metrics `bus_channel_<name>_total{channel=...}`, `$bus.stats`
-/// `channel.<channel>.<name>` (docs/core.md, "Stats", defines each).
-struct ChannelFigure {
+/// One counter of a stats struct `S`, named once for every exporter (StatsD, /metrics,
+/// `$bus.stats`), with what it counts.
+template <class S>
+struct Figure {
   const char* name;
   const char* help;
-  uint64_t ChannelStats::*member;
+  uint64_t S::*member;
 };
+
+/// The counters of ChannelStats: StatsD sends `channel.<channel>.<name>`, /metrics
+/// `bus_channel_<name>_total{channel=...}`, `$bus.stats` `channel.<channel>.<name>` (docs/core.md,
+/// "Stats", defines each).
+using ChannelFigure = Figure<ChannelStats>;
 inline constexpr ChannelFigure kChannelFigures[] = {
     {"published", "Messages offered by publish, send, request or call.", &ChannelStats::published},
     {"delivered", "Handler calls that returned (one per subscriber).", &ChannelStats::delivered},

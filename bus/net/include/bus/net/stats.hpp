@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "bus/stats.hpp"
+
 namespace bus::net {
 
 /// A channel a peer announces, with its types (schema ids).
@@ -78,11 +80,7 @@ struct NodeStats {
 /// The counters of NodeStats and ChannelTraffic, each named once: StatsD and $bus.stats report
 /// `node.<name>` (traffic: `node.channel.<channel>.<name>`), /metrics `bus_bridge_<name>_total`
 /// (traffic labelled by channel and peer). A new counter is a field plus a row here.
-struct NodeFigure {
-  const char* name;
-  const char* help;
-  uint64_t NodeStats::*member;
-};
+using NodeFigure = Figure<NodeStats>;
 inline constexpr NodeFigure kNodeFigures[] = {
     {"published", "Topic messages that left through the publisher.", &NodeStats::published},
     {"publish_frames", "Frames the published messages left in (published over it: the batching).",
@@ -112,11 +110,7 @@ inline constexpr NodeFigure kNodeFigures[] = {
      &NodeStats::direct_calls},
 };
 
-struct TrafficFigure {
-  const char* name;
-  const char* help;
-  uint64_t ChannelTraffic::*member;
-};
+using TrafficFigure = Figure<ChannelTraffic>;
 inline constexpr TrafficFigure kTrafficFigures[] = {
     {"sent", "Messages that left for a peer, by channel.", &ChannelTraffic::sent},
     {"received", "Messages accepted from a peer, by channel.", &ChannelTraffic::received},
