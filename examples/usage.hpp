@@ -1,4 +1,4 @@
-// `--help` for the example programs: their one-line purpose, then their flags.
+// `--help` for the programs we ship (the examples and busctl): their purpose, then their flags.
 #pragma once
 
 #include <absl/flags/usage.h>

@@ -13,9 +13,6 @@
 // has no request socket), the others' counters are printed.
 #include <absl/flags/flag.h>
 #include <absl/flags/parse.h>
-#include <absl/flags/usage.h>
-#include <absl/flags/usage_config.h>
-#include <absl/strings/match.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
@@ -43,6 +40,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "../../examples/usage.hpp"
 
 ABSL_FLAG(std::vector<std::string>, peer, {},
           "publish endpoints of the nodes to join through (tcp://host:port, ipc://path); "
@@ -560,15 +559,7 @@ std::vector<std::string> join_repeated_lists(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Abseil's --help lists only flags declared in a file named after the program (busctl.cc):
-  // without this it would say "No flags matched".
-  absl::FlagsUsageConfig config;
-  config.contains_help_flags = [](absl::string_view file) {
-    return !absl::StrContains(file, "absl/");
-  };
-  config.contains_helpshort_flags = config.contains_help_flags;
-  absl::SetFlagsUsageConfig(config);
-  absl::SetProgramUsageMessage(kUsageText);
+  examples::usage(kUsageText);
   std::vector<std::string> joined = join_repeated_lists(argc, argv);
   std::vector<char*> joined_argv;
   for (std::string& a : joined) joined_argv.push_back(a.data());
