@@ -158,8 +158,12 @@ void Bridge::setup() {
     // ZMTP heartbeats: ZeroMQ pings each subscriber and closes a connection that stays silent
     // (a process stopped, a host gone), which frees its queue. A live subscriber's ZeroMQ
     // answers by itself, whatever its program is doing, as long as it reads its socket.
+    // A ping every half timeout: a connection is closed after between one and one and a half
+    // timeouts of silence. Pings are per connection, each on its own timer: every one wakes
+    // ZeroMQ's I/O threads at both ends, the larger part of an idle node's wake-ups once its
+    // heartbeats come together (Bridge::next_beat), so they are as few as the timeout allows.
     xpub_->set(zmq::sockopt::heartbeat_ivl,
-               static_cast<int>(std::min(opt_.heartbeat(), timeout).count()));
+               static_cast<int>(std::max<long>(timeout.count() / 2, 1)));
     xpub_->set(zmq::sockopt::heartbeat_timeout, static_cast<int>(timeout.count()));
   }
   server(*xpub_);
@@ -241,6 +245,7 @@ void Bridge::loop() {
   bool awake = false;
   bool ask_all = false;  // every socket is asked this pass, whatever touched_ says
   Clock::time_point last_work{};
+  Clock::time_point next_ask_all{};
   auto watch = [&](int fd, zmq::socket_t* s, short events, bool room = false) {
     fds.push_back({fd, events, 0});
     sockets.push_back(s);
@@ -301,17 +306,19 @@ void Bridge::loop() {
     auto now = Clock::now();
     // A heartbeat due behind a held frame waits for it (the 1 ms retry below), not for nothing.
     Clock::time_point until = stall_ ? next_check_ : std::min(next_heartbeat_, next_check_);
-    if (auto t = inbox_->next_timer()) until = std::min(until, *t);
+    const std::optional<Clock::time_point> timer = inbox_->next_timer();
+    if (timer) until = std::min(until, *timer);
     if (stall_ || backlogged_ > 0 || !reply_backlog_.empty()) {
       until = std::min(until, now + milliseconds(1));
     }
     // A stall just begun is retried at once (yielding to ZeroMQ's I/O thread between tries): the
     // pipe usually has room again within microseconds. Past kSpin, once per poll timeout.
     const bool fresh_stall = stall_ && now - stall_->since < kSpin;
+    // Rounded up: rounded down, a wait ends just before `until` and the loop wakes twice.
     int timeout = awake || fresh_stall || has_input || until <= now
                       ? 0
                       : static_cast<int>(std::clamp<long>(
-                            duration_cast<milliseconds>(until - now).count(), 1, 60'000));
+                            std::chrono::ceil<milliseconds>(until - now).count(), 1, 60'000));
     // Asking the XPUB for its events (above) takes in the command that gave room without its
     // ZMQ_FD saying so again: retried only after the wait, the held frame would wait out the
     // whole timeout with room to spare (the 1 KiB publish benchmark lost a fifth of its rate).
@@ -325,6 +332,7 @@ void Bridge::loop() {
     std::size_t work = 0;
     std::size_t read_work = 0;  // of `work`, messages read from the network
     bool handed_over = false;
+    const bool inbox_due = timer && *timer <= Clock::now();
 
     if (fds[0].revents & POLLIN) {
       uint64_t v;
@@ -348,6 +356,7 @@ void Bridge::loop() {
         }
       };
       std::size_t read_before = messages_read_;
+      const uint64_t control_before = control_read_;
       if (ready[3]) {
         read(
             *sub_, [&] { return recv(*sub_, parts); }, [&] { on_sub(parts); });
@@ -378,9 +387,10 @@ void Bridge::loop() {
             },
             [&] { on_dealer(parts); });
       }
-      read_work = messages_read_ - read_before;
+      // Heartbeats are not traffic: nothing was handed over, and no stream is starting.
+      read_work = messages_read_ - read_before - (control_read_ - control_before);
       work += read_work;
-      handed_over = messages_read_ != read_before;
+      handed_over = read_work > 0;
     }
     // What this pass read is now in local executors' rings: on a shared CPU, let them run it
     // now, so their answers leave with this pass rather than after everything waiting was read.
@@ -400,7 +410,9 @@ void Bridge::loop() {
       // A subscriber or a peer is not keeping up: hold local input back (local publishers feel
       // the back-pressure through the bounded rings).
       if (fresh_stall) std::this_thread::yield();
-    } else {
+    } else if (awake || (fds[1].revents & POLLIN) != 0 || inbox_due) {
+      // Asleep, the inbox is drained only when its eventfd or a timer says so: a drain costs a
+      // membarrier (end_drain's heavy barrier), and an idle node wakes for its peers only.
       std::size_t drained = awake ? inbox_->drain_awake() : inbox_->drain();
       work += drained;
       // A drain that took a full batch may have left more: take up to kDrainRounds batches, so
@@ -438,15 +450,25 @@ void Bridge::loop() {
     }
     now = Clock::now();
     // Behind a held frame, a heartbeat waits for the next pass (at most send_stall_limit).
-    if (now >= next_heartbeat_ && heartbeat(false)) next_heartbeat_ = now + opt_.heartbeat();
-    if (now >= next_check_) {
+    bool beat = false;
+    if (now >= next_heartbeat_ && heartbeat(false)) {
+      next_heartbeat_ = next_beat(now);
+      beat = true;
+    }
+    // Checks come once a heartbeat, in the pass that sends it where they can: an idle node
+    // wakes for its own heartbeat and its peers' frames, nothing else.
+    if (now >= next_check_ || (beat && now >= next_check_ - opt_.heartbeat() / 2)) {
       update_subscriptions();
       check_peers();
       sweep_pending();
-      next_check_ = now + opt_.heartbeat() / 2;
+      next_check_ = now + opt_.heartbeat();
       // Every socket is asked for its events now and then: should ZeroMQ ever take a socket's
       // signal where the loop does not expect it, its input still waits no longer than this.
-      ask_all = true;
+      // Not at every check: asking costs two syscalls per socket, and a node has one per peer.
+      if (now >= next_ask_all) {
+        ask_all = true;
+        next_ask_all = now + kAskAllEvery;
+      }
     }
   }
 }

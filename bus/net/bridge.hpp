@@ -63,6 +63,8 @@ inline constexpr uint64_t kFairFrames = 512;
 inline constexpr std::size_t kMaxMissedReports = 1024;
 // How long the loop keeps polling without blocking after its last work.
 inline constexpr auto kSpin = std::chrono::microseconds(50);
+// How often every socket is asked for its events, whatever their ZMQ_FDs say (a safety net).
+inline constexpr auto kAskAllEvery = std::chrono::seconds(1);
 
 inline uint64_t random_id() {
   std::random_device rd;
@@ -317,6 +319,11 @@ class Bridge final : public Link {
   /// Sends a heartbeat like a topic frame (held while a subscriber is full, then sent past it).
   /// False when a held frame is ahead of it: try again on the next pass.
   bool heartbeat(bool leaving);
+  /// When the heartbeat after one sent at `now` is due: the next multiple of the period on the
+  /// monotonic clock, which every process of a host shares, so that the nodes of a host beat
+  /// together and each wakes once for many peers' heartbeats rather than once for each. At
+  /// most a period away (a heartbeat sent early, to a newcomer, only shortens the gap).
+  Clock::time_point next_beat(Clock::time_point now) const;
   std::string heartbeat_payload(bool leaving);
 
   // peers
@@ -374,6 +381,7 @@ class Bridge final : public Link {
   // Nodes declared dead (by id, with when), to tell a false death when one speaks again.
   absl::flat_hash_map<uint64_t, Clock::time_point> declared_dead_;
   uint64_t sub_frames_ = 0;         // frames read from the subscriber socket
+  uint64_t control_read_ = 0;       // of messages_read_, heartbeats
   Clock::time_point last_check_{};  // of check_peers(): how long this thread was away
   // Reply frames the ROUTER did not take yet, with the replies each holds.
   std::deque<std::pair<std::vector<zmq::message_t>, std::size_t>> reply_backlog_;

@@ -43,6 +43,7 @@ void Bridge::on_sub(Parts& parts) {
     return malformed("subscriber", st);
   }
   if (env->kind == wire::Envelope::Kind::HEARTBEAT && name == absl::string_view(kHeartbeatTopic)) {
+    ++control_read_;
     if (env->count == 1) on_heartbeat(*env, payloads.items()[0]);
     return;
   }

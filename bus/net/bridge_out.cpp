@@ -207,6 +207,12 @@ bool Bridge::heartbeat(bool leaving) {
   return true;
 }
 
+Clock::time_point Bridge::next_beat(Clock::time_point now) const {
+  const auto period = std::chrono::duration_cast<Clock::duration>(opt_.heartbeat());
+  if (period <= Clock::duration::zero()) return now;
+  return Clock::time_point((now.time_since_epoch() / period + 1) * period);
+}
+
 std::string Bridge::heartbeat_payload(bool leaving) {
   capnp::MallocMessageBuilder builder;
   auto hb = builder.initRoot<wire::Heartbeat>();
@@ -602,12 +608,12 @@ void Bridge::check_peers() {
   // since its last one.
   touched(sub_->handle());
   const bool behind = (sub_->get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
-  // Nor does time this thread did not run its loop (checks come every heartbeat / 2): the
+  // Nor does time this thread did not run its loop (checks come a heartbeat apart at most): the
   // process was stopped, or this thread was held up (a blocked publish to a full local ring, a
   // slow handler). Peers get that time back: after a pause, frames that came meanwhile may not
   // even have reached the subscriber socket yet.
   if (last_check_ != Clock::time_point{}) {
-    auto away = now - last_check_ - opt_.heartbeat() / 2;
+    auto away = now - last_check_ - opt_.heartbeat();
     if (away > opt_.heartbeat() / 2) {
       for (auto& [id, p] : peers_) p.last_seen += away;
     }

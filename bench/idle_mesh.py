@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Idle cost of a full mesh: N bus_fixture_node processes on 127.0.0.1, each exporting and
+importing one topic, every node listening to every other. Waits for full membership, then
+measures each node's CPU (all its threads) and RSS over an idle window.
+
+  python3 bench/idle_mesh.py FIXTURE [--nodes 2,8,32] [--seconds 10] [--heartbeat-ms 200]
+
+CPU comes from /proc/<pid>/task/*/schedstat (nanoseconds on the CPU, every thread) and, as a
+cross-check, /proc/<pid>/stat utime+stime (clock ticks, 10 ms). Heartbeats received per node
+are (N-1) peers x seconds / heartbeat period; CPU per heartbeat is the node's CPU over them.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def task_ns(pid):
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+def ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def threads(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+class Node:
+    def __init__(self, fixture, name, heartbeat_ms, dead_after):
+        self.p = subprocess.Popen(
+            [fixture, f"--name={name}", f"--heartbeat-ms={heartbeat_ms}",
+             f"--dead-after={dead_after}", "--export-readings", "--import-readings",
+             f"--parent={os.getpid()}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.name = name
+
+    def ask(self, line):
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        return self.read()
+
+    def read(self):
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.name} exited ({self.p.wait()})")
+        return line.strip()
+
+    def stop(self):
+        try:
+            self.p.stdin.close()
+        except BrokenPipeError:
+            pass
+
+
+def field(line, key):
+    m = re.search(rf"\b{key}=(\S+)", line)
+    return m.group(1) if m else None
+
+
+def run(fixture, n, seconds, heartbeat_ms, dead_after, settle, hold):
+    nodes = [Node(fixture, f"n{i}", heartbeat_ms, dead_after) for i in range(n)]
+    try:
+        eps = []
+        for node in nodes:
+            ready = node.read()
+            if not ready.startswith("ready"):
+                raise RuntimeError(f"{node.name}: {ready}")
+            eps.append(field(ready, "publish"))
+        start = time.monotonic()
+        for i, node in enumerate(nodes):
+            for j, ep in enumerate(eps):
+                if i != j:
+                    node.ask(f"peer {ep}")
+        seen = []
+        for node in nodes:
+            line = node.ask(f"wait-peers {n - 1} 60000")
+            seen.append(int(field(line, "n")))
+        converged = time.monotonic() - start
+        if min(seen) < n - 1:
+            raise RuntimeError(f"membership incomplete after 60 s: {seen}")
+        time.sleep(settle)  # connections and subscriptions settle; first heartbeats answered
+        pids = [node.p.pid for node in nodes]
+        ns0 = [task_ns(p) for p in pids]
+        t0 = [ticks(p) for p in pids]
+        w0 = time.monotonic()
+        time.sleep(seconds)
+        wall = time.monotonic() - w0
+        ns1 = [task_ns(p) for p in pids]
+        t1 = [ticks(p) for p in pids]
+        rss = [rss_kb(p) for p in pids]
+        nthreads = [threads(p) for p in pids]
+        # Still a full mesh at the end (nobody declared dead while idle).
+        lost = []
+        for node in nodes:
+            line = node.ask("report")
+            lost.append(int(field(line, "peers_lost")))
+            if int(field(line, "peers")) != n - 1:
+                raise RuntimeError(f"{node.name} lost peers while idle: {line}")
+        cpu = [(b - a) / 1e9 / wall * 100 for a, b in zip(ns0, ns1)]
+        cpu_ticks = [(b - a) / TICK / wall * 100 for a, b in zip(t0, t1)]
+        beats = (n - 1) * wall * 1000 / heartbeat_ms  # heartbeats received per node
+        us_per_beat = [(b - a) / 1e3 / beats for a, b in zip(ns0, ns1)]
+        med = statistics.median
+        print(f"nodes={n} peers={n - 1} converge_s={converged:.2f} window_s={wall:.1f} "
+              f"cpu_pct_median={med(cpu):.4f} cpu_pct_min={min(cpu):.4f} "
+              f"cpu_pct_max={max(cpu):.4f} cpu_pct_ticks_median={med(cpu_ticks):.3f} "
+              f"heartbeats_in_per_s={(n - 1) * 1000 / heartbeat_ms:.0f} "
+              f"us_cpu_per_heartbeat_in={med(us_per_beat):.2f} "
+              f"rss_mb_median={med(rss) / 1024:.1f} rss_mb_max={max(rss) / 1024:.1f} "
+              f"threads={med(nthreads):.0f} peers_lost={sum(lost)}", flush=True)
+        if hold > 0:  # time to attach strace, perf or gdb to the idle nodes
+            print(f"holding {hold} s: pids={','.join(map(str, pids))}", flush=True)
+            time.sleep(hold)
+    finally:
+        for node in nodes:
+            node.stop()
+        for node in nodes:
+            try:
+                node.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                node.p.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("fixture")
+    ap.add_argument("--nodes", default="2,8,32")
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--settle", type=float, default=2)
+    ap.add_argument("--heartbeat-ms", type=int, default=200)
+    ap.add_argument("--dead-after", type=int, default=3)
+    ap.add_argument("--hold", type=float, default=0, help="seconds to keep the mesh up after")
+    a = ap.parse_args()
+    with open("/proc/cpuinfo") as f:
+        model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
+    print(f"machine: {os.cpu_count()} cpus, {model}; heartbeat {a.heartbeat_ms} ms, "
+          f"dead_after {a.dead_after}; CPU from /proc/<pid>/task/*/schedstat over {a.seconds} s "
+          f"after {a.settle} s to settle, % of one core per node", flush=True)
+    for n in [int(x) for x in a.nodes.split(",")]:
+        run(a.fixture, n, a.seconds, a.heartbeat_ms, a.dead_after, a.settle, a.hold)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
