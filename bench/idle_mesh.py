@@ -50,11 +50,11 @@ def threads(pid):
 
 
 class Node:
-    def __init__(self, fixture, name, heartbeat_ms, dead_after):
+    def __init__(self, fixture, name, heartbeat_ms, dead_after, extra):
         self.p = subprocess.Popen(
             [fixture, f"--name={name}", f"--heartbeat-ms={heartbeat_ms}",
              f"--dead-after={dead_after}", "--export-readings", "--import-readings",
-             f"--parent={os.getpid()}"],
+             f"--parent={os.getpid()}", *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.name = name
 
@@ -81,8 +81,8 @@ def field(line, key):
     return m.group(1) if m else None
 
 
-def run(fixture, n, seconds, heartbeat_ms, dead_after, settle, hold):
-    nodes = [Node(fixture, f"n{i}", heartbeat_ms, dead_after) for i in range(n)]
+def run(fixture, n, seconds, heartbeat_ms, dead_after, settle, hold, extra):
+    nodes = [Node(fixture, f"n{i}", heartbeat_ms, dead_after, extra) for i in range(n)]
     try:
         eps = []
         for node in nodes:
@@ -154,14 +154,17 @@ def main():
     ap.add_argument("--heartbeat-ms", type=int, default=200)
     ap.add_argument("--dead-after", type=int, default=3)
     ap.add_argument("--hold", type=float, default=0, help="seconds to keep the mesh up after")
+    ap.add_argument("--node-flag", action="append", default=[],
+                    help="one more bus_fixture_node flag (repeatable), e.g. --node-flag=--x=1")
     a = ap.parse_args()
     with open("/proc/cpuinfo") as f:
         model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
     print(f"machine: {os.cpu_count()} cpus, {model}; heartbeat {a.heartbeat_ms} ms, "
           f"dead_after {a.dead_after}; CPU from /proc/<pid>/task/*/schedstat over {a.seconds} s "
-          f"after {a.settle} s to settle, % of one core per node", flush=True)
+          f"after {a.settle} s to settle, % of one core per node; node flags: "
+          f"{' '.join(a.node_flag) or '-'}", flush=True)
     for n in [int(x) for x in a.nodes.split(",")]:
-        run(a.fixture, n, a.seconds, a.heartbeat_ms, a.dead_after, a.settle, a.hold)
+        run(a.fixture, n, a.seconds, a.heartbeat_ms, a.dead_after, a.settle, a.hold, a.node_flag)
 
 
 if __name__ == "__main__":
