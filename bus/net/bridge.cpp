@@ -246,6 +246,7 @@ void Bridge::loop() {
   bool ask_all = false;  // every socket is asked this pass, whatever touched_ says
   Clock::time_point last_work{};
   Clock::time_point next_ask_all{};
+  bool armed = false;  // the inbox's producers write its eventfd (see the drain below)
   auto watch = [&](int fd, zmq::socket_t* s, short events, bool room = false) {
     fds.push_back({fd, events, 0});
     sockets.push_back(s);
@@ -410,10 +411,13 @@ void Bridge::loop() {
       // A subscriber or a peer is not keeping up: hold local input back (local publishers feel
       // the back-pressure through the bounded rings).
       if (fresh_stall) std::this_thread::yield();
-    } else if (awake || (fds[1].revents & POLLIN) != 0 || inbox_due) {
-      // Asleep, the inbox is drained only when its eventfd or a timer says so: a drain costs a
-      // membarrier (end_drain's heavy barrier), and an idle node wakes for its peers only.
+    } else if (awake || !armed || (fds[1].revents & POLLIN) != 0 || inbox_due) {
+      // Armed (its last drain was a drain()), the inbox is drained only when its eventfd or a
+      // timer says so: a drain costs a membarrier (end_drain's heavy barrier), and an idle node
+      // wakes for its peers only. Not armed (a drain_awake() last, then a pause), producers do
+      // not write the eventfd: it is drained on every pass until it is armed again.
       std::size_t drained = awake ? inbox_->drain_awake() : inbox_->drain();
+      armed = !awake;
       work += drained;
       // A drain that took a full batch may have left more: take up to kDrainRounds batches, so
       // that a publisher's frame carries up to kMaxBatchBytes, not one batch of records.
@@ -421,6 +425,7 @@ void Bridge::loop() {
                          backlogged_ < kPauseBacklog;
            ++more) {
         drained = inbox_->drain_awake();
+        armed = false;
         work += drained;
       }
     }
@@ -442,7 +447,10 @@ void Bridge::loop() {
     } else if (awake) {
       if (Clock::now() - last_work > kSpin) {
         awake = false;
-        if (!paused && inbox_->drain() > 0) awake = true;
+        if (!paused) {
+          armed = true;
+          if (inbox_->drain() > 0) awake = true;
+        }
         flush_batches();
       } else {
         std::this_thread::yield();  // on a shared core, let the publishers run
