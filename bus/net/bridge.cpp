@@ -44,6 +44,13 @@ Bridge::Bridge(Bus& bus, NodeOptions options)
     ::close(wake_fd_);
     throw;
   }
+  bool names = false;
+  std::string host, port;
+  for (const Peer& p : opt_.peers()) names |= split_host_name(p.endpoint, host, port);
+  if (names || !opt_.etcd().empty()) {
+    std::lock_guard lock(membership_mu_);
+    membership_ = std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
+  }
 }
 
 Bridge::~Bridge() {
@@ -52,6 +59,10 @@ Bridge::~Bridge() {
 }
 
 void Bridge::stop() {
+  {
+    std::lock_guard lock(membership_mu_);
+    if (membership_) membership_->stop();  // it posts to the bridge thread, which must outlive it
+  }
   stopping_.store(true);
   wake();
   if (thread_.joinable()) thread_.join();
@@ -96,6 +107,79 @@ void Bridge::add(std::unique_ptr<Bridged> channel) {
     next_heartbeat_ = Clock::now();  // tell the peers now
     return 0;
   });
+  std::lock_guard lock(membership_mu_);
+  if (membership_) membership_->channels_changed();
+}
+
+void Bridge::add_peer(const Peer& p) {
+  std::string host, port;
+  if (split_host_name(p.endpoint, host, port)) {
+    std::lock_guard lock(membership_mu_);
+    if (stopping_.load()) return;
+    if (!membership_) membership_ = std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
+    membership_->add_name(p);
+    return;
+  }
+  std::exception_ptr error;
+  query([&] {
+    try {
+      if (static_peers_.insert(p.endpoint).second) connect(p);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    return 0;
+  });
+  if (error) std::rethrow_exception(error);
+}
+
+void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
+  if (!inbox_) return;  // stopped
+  absl::flat_hash_set<std::string> now;
+  for (const Peer& p : peers) {
+    if (p.endpoint == publish_endpoint_ || static_peers_.contains(p.endpoint)) continue;
+    now.insert(p.endpoint);
+    Found& f = found_[p.endpoint];
+    if (!f.sources.insert(source).second || f.sources.size() > 1) continue;
+    f.public_key = p.public_key;
+    try {
+      connect(p);
+      ++counters_.members_found;
+    } catch (const std::exception& e) {
+      log_once(absl::StrCat("found:", p.endpoint), e.what());
+    }
+  }
+  for (auto it = found_.begin(); it != found_.end();) {
+    auto next = std::next(it);
+    Found& f = it->second;
+    if (!now.contains(it->first) && f.sources.erase(source) > 0 && f.sources.empty()) {
+      try {
+        sub_->disconnect(it->first);
+      } catch (const zmq::error_t&) {
+        // Never connected (refused by the allowlist): nothing to undo.
+      }
+      touched(sub_->handle());
+      ++counters_.members_dropped;
+      found_.erase(it);
+    }
+    it = next;
+  }
+}
+
+MemberRecord Bridge::member_record() const {
+  MemberRecord r;
+  r.id = id_;
+  r.name = opt_.name();
+  r.requests = request_endpoint_;
+  r.public_key = opt_.curve_keys().public_key;
+  for (const auto& ch : channels_) {
+    switch (ch->role) {
+      case Bridged::Role::kExportTopic: r.exports.push_back(ch->name); break;
+      case Bridged::Role::kExportEndpoint:
+      case Bridged::Role::kExportQueue: r.serves.push_back(ch->name); break;
+      default: r.imports.push_back(ch->name); break;
+    }
+  }
+  return r;
 }
 
 void Bridge::run(std::promise<void>& ready) {
@@ -198,7 +282,11 @@ void Bridge::setup() {
     sub_->set(zmq::sockopt::curve_publickey, opt_.curve_keys().public_key);
     sub_->set(zmq::sockopt::curve_secretkey, opt_.curve_keys().secret_key);
   }
-  for (const Peer& p : opt_.peers()) connect(p);
+  for (const Peer& p : opt_.peers()) {
+    std::string host, port;
+    if (split_host_name(p.endpoint, host, port)) continue;  // the membership resolves it
+    if (static_peers_.insert(p.endpoint).second) connect(p);
+  }
   counters_.id = id_;
 }
 
@@ -594,17 +682,7 @@ Node::Node(Bus& bus, NodeOptions options)
 Node::~Node() { stop(); }
 void Node::stop() { bridge_->stop(); }
 Node& Node::peer(std::string endpoint, std::string public_key) {
-  Peer p{std::move(endpoint), std::move(public_key)};
-  std::exception_ptr error;
-  bridge_->query([&] {
-    try {
-      bridge_->connect(p);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    return 0;
-  });
-  if (error) std::rethrow_exception(error);
+  bridge_->add_peer(Peer{std::move(endpoint), std::move(public_key)});
   return *this;
 }
 Node& Node::add(std::unique_ptr<detail::Bridged> channel) {

@@ -23,6 +23,7 @@
 
 #include "bus/net/node.hpp"
 #include "direct.hpp"
+#include "membership.hpp"
 #include "wire.hpp"
 
 namespace bus::net::detail {
@@ -157,7 +158,23 @@ class Bridge final : public Link {
 
   void stop();
   void add(std::unique_ptr<Bridged> channel);
-  void connect(const Peer& peer);
+  /// Listens to `peer` from now on (a host name: resolved again and again by the membership).
+  void add_peer(const Peer& peer);
+  /// Bridge thread: the publishers `source` (etcd, or one DNS name) finds now, replacing what it
+  /// found before. One that no source lists any more is no longer listened to (its heartbeats
+  /// stop, and it is declared dead as any silent node); a static peer always is.
+  void found(const std::string& source, const std::vector<Peer>& peers);
+  /// Bridge thread: what this node registers in etcd.
+  MemberRecord member_record() const;
+  /// Runs `fn` on the bridge thread later (dropped once it has stopped).
+  void post(absl::AnyInvocable<void()> fn) {
+    {
+      std::lock_guard lock(cmd_mu_);
+      if (!running_) return;
+      cmds_.push_back(std::move(fn));
+    }
+    wake();
+  }
   /// Runs `fn` on the bridge thread (or here, once it has stopped) and returns its result.
   template <class F>
   auto query(F fn) -> decltype(fn()) {
@@ -243,6 +260,7 @@ class Bridge final : public Link {
   enum class Forget { kMayReturn, kForGood };
 
   void run(std::promise<void>& ready);
+  void connect(const Peer& peer);
   void setup();
   void loop();
   void shutdown();
@@ -409,6 +427,19 @@ class Bridge final : public Link {
   absl::flat_hash_set<std::string> tapped_;            // subscribed for taps
   absl::flat_hash_map<std::string, std::unique_ptr<Bridged>> raw_calls_;  // call_raw channels
   Clock::time_point next_check_{};
+  // Publishers found by membership sources (endpoint -> its key and the sources that list it),
+  // and the static ones (never dropped).
+  struct Found {
+    std::string public_key;
+    absl::flat_hash_set<std::string> sources;
+  };
+  absl::flat_hash_map<std::string, Found> found_;
+  absl::flat_hash_set<std::string> static_peers_;
+
+  MembershipCounters membership_counters_;
+  // Last: stopped before the bridge thread, which it posts to.
+  mutable std::mutex membership_mu_;
+  std::unique_ptr<Membership> membership_;  // under membership_mu_ (made on first need)
 };
 
 }  // namespace bus::net::detail

@@ -809,6 +809,7 @@ std::vector<PeerInfo> Bridge::peers() const {
 
 NodeStats Bridge::stats() const {
   NodeStats s = counters_;
+  membership_counters_.add_to(s);
   s.peers = peers();
   TrafficRows rows = traffic_;
   lanes_->add_to(s, rows);  // calls made on their callers' threads

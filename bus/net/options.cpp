@@ -14,6 +14,8 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
   NodeOptions o;
   CurveKeys keys;
   std::vector<std::string> allow;
+  std::vector<std::string> etcd;
+  std::string etcd_prefix = "/bus/";
   int line_no = 0;
   for (absl::string_view line :
        absl::StrSplit(absl::string_view(config.data(), config.size()), '\n')) {
@@ -55,6 +57,19 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
       std::vector<std::string> parts = absl::StrSplit(value, ' ', absl::SkipWhitespace());
       if (parts.empty() || parts.size() > 2) return fail("peer = <endpoint> [public key]");
       o.peer(parts[0], parts.size() == 2 ? parts[1] : "");
+    } else if (key == "advertise_publish") {
+      o.advertise_publish(value);
+    } else if (key == "resolve_every_ms") {
+      if (auto s = number(n); !s.ok()) return s;
+      if (n == 0) return fail("resolve_every_ms needs a period above 0");
+      o.resolve_every(std::chrono::milliseconds(n));
+    } else if (key == "etcd") {
+      etcd.push_back(value);
+    } else if (key == "etcd_prefix") {
+      etcd_prefix = value;
+    } else if (key == "etcd_register") {
+      if (value != "true" && value != "false") return fail("etcd_register is true or false");
+      o.etcd_register(value == "true");
     } else if (key == "heartbeat_ms") {
       if (auto s = number(n); !s.ok()) return s;
       o.heartbeat_ = std::chrono::milliseconds(n);
@@ -89,7 +104,8 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
     } else {
       return fail(absl::StrCat(
           "unknown key '", key,
-          "' (known: name, publish, requests, advertise, peer, heartbeat_ms, dead_after, "
+          "' (known: name, publish, requests, advertise, advertise_publish, peer, "
+          "resolve_every_ms, etcd, etcd_prefix, etcd_register, heartbeat_ms, dead_after, "
           "max_message_bytes, traversal_limit_words, nesting_limit, curve_public, curve_secret, "
           "allow, send_stall_limit_ms, subscription_queue, subscriber_timeout_ms)"));
     }
@@ -99,6 +115,11 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
         "node config: curve_public and curve_secret go together (give both or neither)");
   }
   if (!keys.secret_key.empty()) o.curve(std::move(keys), std::move(allow));
+  if (!etcd.empty()) {
+    o.etcd(std::move(etcd), std::move(etcd_prefix));
+  } else if (etcd_prefix != "/bus/") {
+    return absl::InvalidArgumentError("node config: etcd_prefix needs `etcd = <endpoint>`");
+  }
   if (o.publish_on().empty()) {
     return absl::InvalidArgumentError("node config: `publish = <endpoint>` is required");
   }

@@ -42,7 +42,9 @@ constexpr char kUsage[] =
     "  --publish-on=EP          publisher endpoint (default tcp://127.0.0.1:*)\n"
     "  --requests-on=EP         request endpoint (default tcp://127.0.0.1:*)\n"
     "  --advertise=EP           request endpoint told to peers\n"
-    "  --peer=EP[,KEY]          a node to listen to (repeatable)\n"
+    "  --peer=EP[,KEY]          a node to listen to (repeatable; a host name is re-resolved)\n"
+    "  --etcd=URL --etcd-prefix=P  find the nodes through etcd (URL repeatable)\n"
+    "  --advertise-publish=EP --resolve-every-ms=N\n"
     "  --heartbeat-ms=N --dead-after=N --stall-limit-ms=N\n"
     "  --subscription-queue=N --subscriber-timeout-ms=N\n"
     "  --reading-bytes=N        pad each published reading to about N bytes\n"
@@ -76,6 +78,9 @@ struct Flags {
   long reading_bytes = 0, slow_us = 0, ring_bytes = 0, pause_ms = 0, pause_at = 0;
   bus::net::CurveKeys curve;
   std::vector<std::string> allow;
+  std::vector<std::string> etcd;
+  std::string etcd_prefix = "/bus/", advertise_publish;
+  long resolve_every_ms = 0;
   bool export_readings = false, import_readings = false, export_mistyped = false;
   bool serve = false, hold = false, import_stats = false, import_mistyped = false;
   long parent = 0;
@@ -88,10 +93,14 @@ std::optional<Flags> parse(int argc, char** argv) {
                                                          {"--publish-on", &f.publish_on},
                                                          {"--requests-on", &f.requests_on},
                                                          {"--advertise", &f.advertise},
+                                                         {"--etcd-prefix", &f.etcd_prefix},
+                                                         {"--advertise-publish",
+                                                          &f.advertise_publish},
                                                          {"--curve-public", &f.curve.public_key},
                                                          {"--curve-secret", &f.curve.secret_key}};
   const std::map<std::string_view, long*> numbers = {
       {"--heartbeat-ms", &f.heartbeat_ms},
+      {"--resolve-every-ms", &f.resolve_every_ms},
       {"--dead-after", &f.dead_after},
       {"--stall-limit-ms", &f.stall_limit_ms},
       {"--subscription-queue", &f.subscription_queue},
@@ -129,6 +138,8 @@ std::optional<Flags> parse(int argc, char** argv) {
     } else if (key == "--peer") {
       std::vector<std::string> p = absl::StrSplit(std::string(value), absl::MaxSplits(',', 1));
       f.peers.push_back({p[0], p.size() > 1 ? p[1] : ""});
+    } else if (key == "--etcd") {
+      f.etcd.emplace_back(value);
     } else if (key == "--allow") {
       f.allow.emplace_back(value);
     } else {
@@ -220,6 +231,9 @@ int main(int argc, char** argv) {
   }
   if (!f.curve.secret_key.empty()) options.curve(f.curve, f.allow);
   for (const auto& p : f.peers) options.peer(p.endpoint, p.public_key);
+  if (!f.etcd.empty()) options.etcd(f.etcd, f.etcd_prefix);
+  if (!f.advertise_publish.empty()) options.advertise_publish(f.advertise_publish);
+  if (f.resolve_every_ms > 0) options.resolve_every(std::chrono::milliseconds(f.resolve_every_ms));
 
   Received received;
   std::atomic<uint64_t> handled{0};
@@ -318,6 +332,11 @@ int main(int argc, char** argv) {
       std::size_t want = static_cast<std::size_t>(arg(1, 1));
       (void)bus_test::eventually([&] { return node->peers().size() >= want; }, bound(2));
       say(absl::StrCat("peers n=", node->peers().size()));
+    } else if (cmd == "wait-peer-count") {
+      // `wait-peer-count N [bound]`: until exactly N peers are live (one dropped, say).
+      std::size_t want = static_cast<std::size_t>(arg(1, 0));
+      (void)bus_test::eventually([&] { return node->peers().size() == want; }, bound(2));
+      say(absl::StrCat("peers n=", node->peers().size()));
     } else if (cmd == "wait-handled") {
       uint64_t want = static_cast<uint64_t>(arg(1, 1));
       (void)bus_test::eventually([&] { return handled.load() >= want; }, bound(2));
@@ -388,7 +407,10 @@ int main(int argc, char** argv) {
                       " publish_stalls=", st.publish_stalls, " refused=", refused_total,
                       " auth_denied=", st.auth_denied, " malformed=", st.malformed_frames,
                       " peers_lost=", st.peers_lost, " peers_returned=", st.peers_returned,
-                      " peers=", st.peers.size());
+                      " peers=", st.peers.size(), " members_found=", st.members_found,
+                      " members_dropped=", st.members_dropped,
+                      " etcd_registrations=", st.etcd_registrations,
+                      " etcd_errors=", st.etcd_errors, " dns_errors=", st.dns_errors);
       for (const auto& p : st.peers) absl::StrAppend(&s, " peer.", p.name, "=1");
       // Per peer, on the readings: what we missed of it, and what it says it missed of ours.
       for (const auto& t : st.traffic) {

@@ -45,7 +45,11 @@
 
 ABSL_FLAG(std::vector<std::string>, peer, {},
           "publish endpoints of the nodes to join through (tcp://host:port, ipc://path); "
-          "comma-separated or repeated. Required.");
+          "comma-separated or repeated. Required unless --etcd finds them.");
+ABSL_FLAG(std::vector<std::string>, etcd, {},
+          "etcd endpoints (http://host:port) where the nodes register: busctl joins every node "
+          "registered under --prefix (without registering itself)");
+ABSL_FLAG(std::string, prefix, "/bus/", "with --etcd: the key prefix the nodes register under");
 ABSL_FLAG(std::string, config, "",
           "a node config file (bus::net::NodeOptions::load syntax) for a secured bus: its "
           "`peer = ENDPOINT PUBLIC-KEY` lines, `curve_public`/`curve_secret` (busctl's own key "
@@ -77,6 +81,7 @@ enum Exit {
 constexpr const char* kUsageText = R"(talks to a live bus.
 
 usage: busctl --peer tcp://HOST:PORT [--schema FILE.capnp] COMMAND [ARGS]
+       busctl --etcd http://HOST:2379 [--prefix /bus/] [--schema FILE.capnp] COMMAND [ARGS]
        busctl --config node.conf [--schema FILE.capnp] COMMAND [ARGS]   (a CURVE-secured bus)
 
 commands:
@@ -217,8 +222,13 @@ class Tool {
       : secure_(options.secure()), peer_count_(options.peers().size()) {
     node_.emplace(bus_, options);
   }
-  /// The nodes it was told to join (--peer and --config).
-  std::size_t peer_count() const { return peer_count_; }
+  /// The nodes it was told to join (--peer and --config), and those etcd lists now (at least
+  /// one, while etcd has not answered yet).
+  std::size_t peer_count() const {
+    if (absl::GetFlag(FLAGS_etcd).empty()) return peer_count_;
+    bus::net::NodeStats st = node_->stats();
+    return peer_count_ + std::max<uint64_t>(1, st.members_found - st.members_dropped);
+  }
   ~Tool() { node_->stop(); }
   bus::net::Node& node() { return *node_; }
 
@@ -252,8 +262,8 @@ class Tool {
   }
   absl::Status unreachable() const {
     return absl::UnavailableError(absl::StrCat(
-        "no peer reachable: no heartbeat from any --peer within --wait (is the node running, "
-        "and is --peer its publish endpoint?",
+        "no peer reachable: no heartbeat from any --peer (or node registered in --etcd) within "
+        "--wait (is the node running, and is --peer its publish endpoint?",
         secure_ ? " With CURVE: is the peer's public key in --config right, and does the node "
                   "allow busctl's public key?"
                 : "",
@@ -317,10 +327,13 @@ absl::StatusOr<bus::net::NodeOptions> node_options() {
     bus::net::CurveKeys keys = o.curve_keys();
     o.curve(std::move(keys), std::move(allow));
   }
-  if (o.peers().empty()) {
+  if (std::vector<std::string> etcd = absl::GetFlag(FLAGS_etcd); !etcd.empty()) {
+    o.etcd(std::move(etcd), absl::GetFlag(FLAGS_prefix)).etcd_register(false);
+  }
+  if (o.peers().empty() && o.etcd().empty()) {
     return absl::InvalidArgumentError(
-        "--peer is required: the publish endpoint of a node of the bus (or `peer =` lines in "
-        "--config)");
+        "--peer or --etcd is required: the publish endpoint of a node of the bus (or `peer =` "
+        "lines in --config), or the etcd where the nodes register");
   }
   return o;
 }
@@ -431,8 +444,7 @@ int cmd_watch(Tool& tool, const Schemas& schemas, const std::string& channel) {
 
 int cmd_peers(Tool& tool) {
   // Every peer's first heartbeat comes at once on connect; wait for all --peer nodes or --wait.
-  std::size_t expected = tool.peer_count();
-  auto peers = tool.wait_for([&](const auto& ps) { return ps.size() >= expected; });
+  auto peers = tool.wait_for([&](const auto& ps) { return ps.size() >= tool.peer_count(); });
   if (peers.empty()) return fail(kUnreachable, std::string(tool.unreachable().message()));
   for (const auto& p : peers) {
     std::printf("%s  id=%llu  requests=%s  last heartbeat %lld ms ago\n", p.name.c_str(),
@@ -451,9 +463,8 @@ int cmd_peers(Tool& tool) {
 }
 
 int cmd_stats(Tool& tool, const std::string& which) {
-  std::size_t expected = tool.peer_count();
   auto peers = tool.wait_for([&](const std::vector<bus::net::PeerInfo>& ps) {
-    if (which.empty()) return ps.size() >= expected;
+    if (which.empty()) return ps.size() >= tool.peer_count();
     for (const auto& p : ps) {
       if (p.name == which || absl::StrCat(p.id) == which) return true;
     }

@@ -55,9 +55,40 @@ class NodeOptions {
     advertise_ = std::move(endpoint);
     return *this;
   }
-  /// A node to listen to. Peers may start in any order and restart at any time.
+  /// The publish address other nodes should connect to, when it differs from what was bound
+  /// (what etcd registration tells them). Default: the bound address, with a wildcard host
+  /// replaced by advertise()'s host, or else by this host's first non-loopback address.
+  NodeOptions& advertise_publish(std::string endpoint) {
+    advertise_publish_ = std::move(endpoint);
+    return *this;
+  }
+  /// A node to listen to. Peers may start in any order and restart at any time. A host name
+  /// (`tcp://bus.default.svc:7001`) is resolved again every resolve_every(), and every address
+  /// it gives is a peer (a Kubernetes headless service's pattern): one that stops being given is
+  /// dropped after heartbeat() x dead_after. `public_key` then holds for every address.
   NodeOptions& peer(std::string endpoint, std::string public_key = {}) {
     peers_.push_back(Peer{std::move(endpoint), std::move(public_key)});
+    return *this;
+  }
+  /// How often peers given by host name are resolved again. Default 1 s.
+  NodeOptions& resolve_every(std::chrono::milliseconds every) {
+    resolve_every_ = every;
+    return *this;
+  }
+  /// Finds peers through etcd (its v3 API, over the JSON gateway every etcd serves on its client
+  /// port): registers this node under `prefix` + its id in hex (name, endpoints, key, what it
+  /// exports, serves and imports) with a lease of heartbeat() x dead_after (etcd's minimum is
+  /// 2 s) kept alive, and listens to every node registered there, adding and dropping them as
+  /// they come and go. `endpoints`: `http://host:port` of etcd members, tried in turn. While
+  /// etcd cannot be reached the node keeps its peers, and registers again when it can.
+  NodeOptions& etcd(std::vector<std::string> endpoints, std::string prefix = "/bus/") {
+    etcd_ = std::move(endpoints);
+    etcd_prefix_ = std::move(prefix);
+    return *this;
+  }
+  /// With etcd(): false finds the nodes without registering this one (a tool, like busctl).
+  NodeOptions& etcd_register(bool on) {
+    etcd_register_ = on;
     return *this;
   }
   /// Heartbeat period, and how many may be missed before a node is declared dead.
@@ -117,7 +148,10 @@ class NodeOptions {
   /// (Z85 keys have them) is kept:
   ///   name = aggregator
   ///   publish = tcp://*:7411          requests = tcp://*:7412     advertise = tcp://10.0.0.5:7412
-  ///   peer = tcp://10.0.0.4:7401 [public-key]   (one line per peer)
+  ///   peer = tcp://10.0.0.4:7401 [public-key]   (one line per peer; a host name is resolved
+  ///                                              again every resolve_every_ms = 1000)
+  ///   etcd = http://10.0.0.9:2379 (one line per etcd member)   etcd_prefix = /bus/
+  ///   etcd_register = true            advertise_publish = tcp://10.0.0.5:7411
   ///   heartbeat_ms = 200              dead_after = 3
   ///   max_message_bytes = 1048576     traversal_limit_words = 8388608   nesting_limit = 64
   ///   curve_public = ...              curve_secret = ...          allow = <key> (one per line)
@@ -131,7 +165,14 @@ class NodeOptions {
   const std::string& publish_on() const { return publish_on_; }
   const std::string& requests_on() const { return requests_on_; }
   const std::string& advertise() const { return advertise_; }
+  const std::string& advertise_publish() const { return advertise_publish_; }
   const std::vector<Peer>& peers() const { return peers_; }
+  std::chrono::milliseconds resolve_every() const { return resolve_every_; }
+  const std::vector<std::string>& etcd() const { return etcd_; }
+  const std::string& etcd_prefix() const { return etcd_prefix_; }
+  bool etcd_register() const { return etcd_register_; }
+  /// heartbeat() x dead_after: how long a silent peer (or an address DNS no longer gives) lasts.
+  std::chrono::milliseconds dead_after_time() const { return heartbeat_ * dead_after_; }
   std::chrono::milliseconds heartbeat() const { return heartbeat_; }
   unsigned dead_after() const { return dead_after_; }
   std::size_t max_message_bytes() const { return max_message_bytes_; }
@@ -151,7 +192,12 @@ class NodeOptions {
   std::string publish_on_;
   std::string requests_on_;
   std::string advertise_;
+  std::string advertise_publish_;
   std::vector<Peer> peers_;
+  std::chrono::milliseconds resolve_every_{1000};
+  std::vector<std::string> etcd_;
+  std::string etcd_prefix_;
+  bool etcd_register_ = true;
   std::chrono::milliseconds heartbeat_{200};
   unsigned dead_after_ = 3;
   std::size_t max_message_bytes_ = 1 << 20;

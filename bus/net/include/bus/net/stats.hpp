@@ -72,6 +72,12 @@ struct NodeStats {
   uint64_t request_frames = 0;
   uint64_t reply_frames = 0;
   uint64_t direct_calls = 0;  // one frame each, counted in request_frames too
+  // Membership (NodeOptions::peer by host name, NodeOptions::etcd).
+  uint64_t members_found = 0;
+  uint64_t members_dropped = 0;
+  uint64_t etcd_registrations = 0;
+  uint64_t etcd_errors = 0;
+  uint64_t dns_errors = 0;
 
   /// Sums over peers for `channel`.
   ChannelTraffic channel(std::string_view channel) const;
@@ -108,6 +114,15 @@ inline constexpr NodeFigure kNodeFigures[] = {
     {"reply_frames", "Frames that carried replies (one, or a batch).", &NodeStats::reply_frames},
     {"direct_calls", "Requests sent and answered on their callers' threads (Bus::call).",
      &NodeStats::direct_calls},
+    {"members_found", "Publishers DNS or etcd gave that were not listened to yet.",
+     &NodeStats::members_found},
+    {"members_dropped", "Publishers no longer listened to: gone from etcd, or from DNS for "
+     "heartbeat x dead_after.", &NodeStats::members_dropped},
+    {"etcd_registrations", "Times this node registered in etcd (again after a lost lease).",
+     &NodeStats::etcd_registrations},
+    {"etcd_errors", "Failed etcd calls and watch streams, and registrations that did not decode.",
+     &NodeStats::etcd_errors},
+    {"dns_errors", "Failed resolutions of peers given by host name.", &NodeStats::dns_errors},
 };
 
 using TrafficFigure = Figure<ChannelTraffic>;
