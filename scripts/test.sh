@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # certificates with openssl, and the token tests mint JWTs with PyJWT (an implementation other
 # than the server's).
 bash scripts/deps.sh python3 python3-zmq iproute2 prometheus curl chromium chromium-driver \
-  openssl python3-jwt python3-cryptography
+  openssl python3-jwt python3-cryptography etcd-server etcd-client
 # The OpenAPI tests lint the document with Redocly's CLI and check its schemas with Ajv; the
 # greeting example serves Swagger UI's files (npm, pinned in tools/npm/package-lock.json).
 bash scripts/npm_tools.sh

@@ -165,6 +165,10 @@ class EtcdError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+class LeaseLost : public EtcdError {
+ public:
+  LeaseLost() : EtcdError("the lease ran out") {}
+};
 
 }  // namespace
 
@@ -200,6 +204,7 @@ struct Membership::Impl {
   std::shared_ptr<beast::tcp_stream> watch;
   std::exception_ptr watch_failed;
   bool reachable = true;  // for the log: say once when etcd goes and when it comes back
+  std::chrono::milliseconds retry{kFirstRetry};  // the next wait between attempts
   absl::flat_hash_map<std::string, Peer> members;  // etcd key -> its publisher
   std::vector<std::unique_ptr<asio::steady_timer>> dns_timers;
 
@@ -257,8 +262,7 @@ struct Membership::Impl {
     KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
                    codec.decode(kj::StringPtr(json.c_str(), json.size()), root);
                  })) {
-      throw EtcdError(absl::StrCat("etcd answered JSON that does not read: ",
-                                   e->getDescription().cStr()));
+      throw EtcdError(absl::StrCat("not the JSON expected (", e->getDescription().cStr(), ")"));
     }
     return root.asReader();
   }
@@ -475,6 +479,7 @@ struct Membership::Impl {
     found_members();
     if (!reachable) log(absl::StrCat("etcd at ", u.host, ":", u.port, " reached again"));
     reachable = true;
+    retry = kFirstRetry;
 
     watch = std::make_shared<beast::tcp_stream>(ex);
     watch_failed = nullptr;
@@ -497,26 +502,27 @@ struct Membership::Impl {
       if (!opt.etcd_register()) continue;
       if (co_await keep_alive(s, buf, u) <= 0) {
         lease = 0;  // it ran out (etcd was away too long): register anew at once
-        throw EtcdError("the lease ran out");
+        throw LeaseLost();
       }
       if (changes.load() != registered_changes) co_await put_member(s, buf, u);
     }
   }
 
   awaitable<void> etcd_loop() {
-    auto retry = std::chrono::milliseconds(kFirstRetry);
     while (!stopping) {
+      bool again_now = false;
       try {
         co_await etcd_session();
-        retry = kFirstRetry;
       } catch (const std::exception& e) {
         if (stopping) break;
         counters.etcd_errors.fetch_add(1, std::memory_order_relaxed);
-        if (reachable) {
+        // A lease that ran out while etcd answers: register anew at once.
+        again_now = lease == 0 && reachable && dynamic_cast<const LeaseLost*>(&e) != nullptr;
+        if (reachable && !again_now) {
           log(absl::StrCat("etcd at ", urls[url_at].host, ":", urls[url_at].port, ": ", e.what(),
-                           "; keeping ", members.size(), " peers from it, trying again"));
+                           "; keeping the ", members.size(), " peers it gave, trying again"));
+          reachable = false;
         }
-        reachable = lease == 0 && !absl::StrContains(e.what(), "lease ran out") ? false : reachable;
       }
       if (watch) {
         boost::system::error_code ignored;
@@ -525,13 +531,11 @@ struct Membership::Impl {
       }
       if (stopping) break;
       url_at = (url_at + 1) % urls.size();
-      if (!reachable) {
-        tick.expires_after(retry);
-        boost::system::error_code ec;
-        co_await tick.async_wait(asio::redirect_error(use_awaitable, ec));
-        retry = std::min<std::chrono::milliseconds>(retry * 2, kMaxRetry);
-      }
-      reachable = reachable && lease != 0;
+      if (again_now) continue;
+      tick.expires_after(retry);
+      boost::system::error_code ec;
+      co_await tick.async_wait(asio::redirect_error(use_awaitable, ec));
+      retry = std::min<std::chrono::milliseconds>(retry * 2, kMaxRetry);
     }
   }
 

@@ -15,15 +15,7 @@
 #include "integration/node_process.hpp"
 #include "support/test_support.hpp"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define INTEG_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define INTEG_SANITIZED 1
-#endif
-#endif
-
-#ifdef INTEG_SANITIZED
+#ifdef BUS_TEST_SANITIZED
 // The sanitizers' allocators count live heap bytes; RSS would also count their quarantine and
 // shadow memory, which grow with churn, not with leaks.
 extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
@@ -39,7 +31,7 @@ namespace {
 
 /// Memory this process holds: its resident set, or under a sanitizer its live heap.
 std::size_t memory_in_use() {
-#ifdef INTEG_SANITIZED
+#ifdef BUS_TEST_SANITIZED
   return __sanitizer_get_current_allocated_bytes();
 #else
   std::ifstream statm("/proc/self/statm");

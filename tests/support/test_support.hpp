@@ -10,6 +10,15 @@
 #include <string>
 #include <thread>
 
+// BUS_TEST_SANITIZED: built with AddressSanitizer or ThreadSanitizer (tests shrink their size).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define BUS_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define BUS_TEST_SANITIZED 1
+#endif
+#endif
+
 namespace bus_test {
 
 /// Waits, within a generous bound, until `done()` holds. A bound missed is a failure, not a timing.
