@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
-"""Idle cost of a full mesh: N bus_fixture_node processes on 127.0.0.1, each exporting and
-importing one topic, every node listening to every other. Waits for full membership, then
-measures each node's CPU (all its threads) and RSS over an idle window.
+"""A full mesh of N bus_fixture_node processes on 127.0.0.1, each exporting and importing one
+topic, every node listening to every other: how long until every node sees every other (from
+the first process started), what each node costs idle (CPU of all its threads, RSS), and how many
+deliveries per second one publisher fans out to the N-1 others.
 
-  python3 bench/idle_mesh.py FIXTURE [--nodes 2,8,32] [--seconds 10] [--heartbeat-ms 200]
+  python3 bench/mesh.py FIXTURE [--nodes 2,8,32] [--membership static|etcd] [--seconds 10]
+                        [--heartbeat-ms 200] [--fanout 100000] [--etcd http://127.0.0.1:2379]
+
+static: each node is started with every other's publish endpoint (--peer, fixed ports);
+etcd: each knows only the etcd endpoint (a fresh key prefix per run).
 
 CPU comes from /proc/<pid>/task/*/schedstat (nanoseconds on the CPU, every thread) and, as a
 cross-check, /proc/<pid>/stat utime+stime (clock ticks, 10 ms). Heartbeats received per node
@@ -11,6 +16,7 @@ are (N-1) peers x seconds / heartbeat period; CPU per heartbeat is the node's CP
 """
 import argparse
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -81,20 +87,28 @@ def field(line, key):
     return m.group(1) if m else None
 
 
-def run(fixture, n, seconds, heartbeat_ms, dead_after, settle, hold, extra):
-    nodes = [Node(fixture, f"n{i}", heartbeat_ms, dead_after, extra) for i in range(n)]
+def membership_flags(n, membership, etcd, base_port):
+    """Per node: how it finds the others."""
+    if membership == "etcd":
+        prefix = f"/bus-mesh/{os.getpid()}-{n}-{random.randrange(1 << 30)}/"
+        return [[f"--publish-on=tcp://127.0.0.1:*", f"--etcd={etcd}", f"--etcd-prefix={prefix}"]
+                for _ in range(n)]
+    eps = [f"tcp://127.0.0.1:{base_port + i}" for i in range(n)]
+    return [[f"--publish-on={eps[i]}"] + [f"--peer={e}" for j, e in enumerate(eps) if j != i]
+            for i in range(n)]
+
+
+def run(a, n):
+    med = statistics.median
+    flags = membership_flags(n, a.membership, a.etcd, a.base_port)
+    start = time.monotonic()
+    nodes = [Node(a.fixture, f"n{i}", a.heartbeat_ms, a.dead_after, flags[i] + a.node_flag)
+             for i in range(n)]
     try:
-        eps = []
         for node in nodes:
             ready = node.read()
             if not ready.startswith("ready"):
                 raise RuntimeError(f"{node.name}: {ready}")
-            eps.append(field(ready, "publish"))
-        start = time.monotonic()
-        for i, node in enumerate(nodes):
-            for j, ep in enumerate(eps):
-                if i != j:
-                    node.ask(f"peer {ep}")
         seen = []
         for node in nodes:
             line = node.ask(f"wait-peers {n - 1} 60000")
@@ -102,12 +116,12 @@ def run(fixture, n, seconds, heartbeat_ms, dead_after, settle, hold, extra):
         converged = time.monotonic() - start
         if min(seen) < n - 1:
             raise RuntimeError(f"membership incomplete after 60 s: {seen}")
-        time.sleep(settle)  # connections and subscriptions settle; first heartbeats answered
+        time.sleep(a.settle)  # connections and subscriptions settle; first heartbeats answered
         pids = [node.p.pid for node in nodes]
         ns0 = [task_ns(p) for p in pids]
         t0 = [ticks(p) for p in pids]
         w0 = time.monotonic()
-        time.sleep(seconds)
+        time.sleep(a.seconds)
         wall = time.monotonic() - w0
         ns1 = [task_ns(p) for p in pids]
         t1 = [ticks(p) for p in pids]
@@ -122,19 +136,31 @@ def run(fixture, n, seconds, heartbeat_ms, dead_after, settle, hold, extra):
                 raise RuntimeError(f"{node.name} lost peers while idle: {line}")
         cpu = [(b - a) / 1e9 / wall * 100 for a, b in zip(ns0, ns1)]
         cpu_ticks = [(b - a) / TICK / wall * 100 for a, b in zip(t0, t1)]
-        beats = (n - 1) * wall * 1000 / heartbeat_ms  # heartbeats received per node
+        beats = (n - 1) * wall * 1000 / a.heartbeat_ms  # heartbeats received per node
         us_per_beat = [(b - a) / 1e3 / beats for a, b in zip(ns0, ns1)]
-        med = statistics.median
-        print(f"nodes={n} peers={n - 1} converge_s={converged:.2f} window_s={wall:.1f} "
+        fan = ""
+        if a.fanout > 0:
+            # One publisher, every other node a subscriber: until the last has them all.
+            nodes[0].ask(f"wait-subscribers {n - 1} 60000")
+            f0 = time.monotonic()
+            sent = nodes[0].ask(f"publish {a.fanout}")
+            got = [int(field(node.ask(f"wait-received {a.fanout} 120000"), "n"))
+                   for node in nodes[1:]]
+            took = time.monotonic() - f0
+            fan = (f" fanout_msgs={a.fanout} fanout_s={took:.3f} "
+                   f"fanout_deliveries_per_s={a.fanout * (n - 1) / took:.0f} "
+                   f"fanout_refused={field(sent, 'refused')} fanout_short={sum(a.fanout - g for g in got)}")
+        print(f"membership={a.membership} nodes={n} peers={n - 1} converge_s={converged:.2f} "
+              f"window_s={wall:.1f} "
               f"cpu_pct_median={med(cpu):.4f} cpu_pct_min={min(cpu):.4f} "
               f"cpu_pct_max={max(cpu):.4f} cpu_pct_ticks_median={med(cpu_ticks):.3f} "
-              f"heartbeats_in_per_s={(n - 1) * 1000 / heartbeat_ms:.0f} "
+              f"heartbeats_in_per_s={(n - 1) * 1000 / a.heartbeat_ms:.0f} "
               f"us_cpu_per_heartbeat_in={med(us_per_beat):.2f} "
               f"rss_mb_median={med(rss) / 1024:.1f} rss_mb_max={max(rss) / 1024:.1f} "
-              f"threads={med(nthreads):.0f} peers_lost={sum(lost)}", flush=True)
-        if hold > 0:  # time to attach strace, perf or gdb to the idle nodes
-            print(f"holding {hold} s: pids={','.join(map(str, pids))}", flush=True)
-            time.sleep(hold)
+              f"threads={med(nthreads):.0f} peers_lost={sum(lost)}{fan}", flush=True)
+        if a.hold > 0:  # time to attach strace, perf or gdb to the idle nodes
+            print(f"holding {a.hold} s: pids={','.join(map(str, pids))}", flush=True)
+            time.sleep(a.hold)
     finally:
         for node in nodes:
             node.stop()
@@ -154,17 +180,21 @@ def main():
     ap.add_argument("--heartbeat-ms", type=int, default=200)
     ap.add_argument("--dead-after", type=int, default=3)
     ap.add_argument("--hold", type=float, default=0, help="seconds to keep the mesh up after")
+    ap.add_argument("--membership", choices=["static", "etcd"], default="static")
+    ap.add_argument("--etcd", default="http://127.0.0.1:2379")
+    ap.add_argument("--base-port", type=int, default=27100, help="static: node i publishes here + i")
+    ap.add_argument("--fanout", type=int, default=0, help="messages for the fan-out figure (0: none)")
     ap.add_argument("--node-flag", action="append", default=[],
                     help="one more bus_fixture_node flag (repeatable), e.g. --node-flag=--x=1")
     a = ap.parse_args()
     with open("/proc/cpuinfo") as f:
         model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
-    print(f"machine: {os.cpu_count()} cpus, {model}; heartbeat {a.heartbeat_ms} ms, "
-          f"dead_after {a.dead_after}; CPU from /proc/<pid>/task/*/schedstat over {a.seconds} s "
+    print(f"machine: {os.cpu_count()} cpus, {model}; membership {a.membership}; heartbeat "
+          f"{a.heartbeat_ms} ms, dead_after {a.dead_after}; CPU from /proc/<pid>/task/*/schedstat over {a.seconds} s "
           f"after {a.settle} s to settle, % of one core per node; node flags: "
           f"{' '.join(a.node_flag) or '-'}", flush=True)
     for n in [int(x) for x in a.nodes.split(",")]:
-        run(a.fixture, n, a.seconds, a.heartbeat_ms, a.dead_after, a.settle, a.hold, a.node_flag)
+        run(a, n)
 
 
 if __name__ == "__main__":
