@@ -115,6 +115,9 @@ def run(a, n):
             seen.append(int(field(line, "n")))
         converged = time.monotonic() - start
         if min(seen) < n - 1:
+            for node, k in zip(nodes, seen):
+                if k < n - 1:
+                    print(f"incomplete: {node.name}: {node.ask('report')}", flush=True)
             raise RuntimeError(f"membership incomplete after 60 s: {seen}")
         time.sleep(a.settle)  # connections and subscriptions settle; first heartbeats answered
         pids = [node.p.pid for node in nodes]
@@ -144,11 +147,12 @@ def run(a, n):
             nodes[0].ask(f"wait-subscribers {n - 1} 60000")
             f0 = time.monotonic()
             sent = nodes[0].ask(f"publish {a.fanout}")
-            got = [int(field(node.ask(f"wait-received {a.fanout} 120000"), "n"))
+            # A subscriber passed over (send_stall_limit) never gets them all: 10 s at most each.
+            got = [int(field(node.ask(f"wait-received {a.fanout} 10000"), "n"))
                    for node in nodes[1:]]
             took = time.monotonic() - f0
             fan = (f" fanout_msgs={a.fanout} fanout_s={took:.3f} "
-                   f"fanout_deliveries_per_s={a.fanout * (n - 1) / took:.0f} "
+                   f"fanout_deliveries_per_s={sum(got) / took:.0f} "
                    f"fanout_refused={field(sent, 'refused')} fanout_short={sum(a.fanout - g for g in got)}")
         print(f"membership={a.membership} nodes={n} peers={n - 1} converge_s={converged:.2f} "
               f"window_s={wall:.1f} "

@@ -49,7 +49,8 @@ Bridge::Bridge(Bus& bus, NodeOptions options)
   for (const Peer& p : opt_.peers()) names |= split_host_name(p.endpoint, host, port);
   if (names || !opt_.etcd().empty()) {
     std::lock_guard lock(membership_mu_);
-    membership_ = std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
+    membership_ =
+        std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
   }
 }
 
@@ -116,7 +117,9 @@ void Bridge::add_peer(const Peer& p) {
   if (split_host_name(p.endpoint, host, port)) {
     std::lock_guard lock(membership_mu_);
     if (stopping_.load()) return;
-    if (!membership_) membership_ = std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
+    if (!membership_)
+      membership_ =
+          std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
     membership_->add_name(p);
     return;
   }

@@ -105,8 +105,7 @@ absl::flat_hash_set<std::string> local_addresses() {
     if (a->ifa_addr == nullptr) continue;
     char buf[INET6_ADDRSTRLEN] = {};
     if (a->ifa_addr->sa_family == AF_INET) {
-      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf,
-                  sizeof buf);
+      ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
     } else if (a->ifa_addr->sa_family == AF_INET6) {
       ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, buf,
                   sizeof buf);
@@ -204,12 +203,11 @@ struct Membership::Impl {
   std::shared_ptr<beast::tcp_stream> watch;
   std::exception_ptr watch_failed;
   bool reachable = true;  // for the log: say once when etcd goes and when it comes back
-  std::chrono::milliseconds retry{kFirstRetry};  // the next wait between attempts
+  std::chrono::milliseconds retry{kFirstRetry};    // the next wait between attempts
   absl::flat_hash_map<std::string, Peer> members;  // etcd key -> its publisher
   std::vector<std::unique_ptr<asio::steady_timer>> dns_timers;
 
-  Impl(Bridge& b, const NodeOptions& o, const std::string& publish_endpoint,
-       MembershipCounters& c)
+  Impl(Bridge& b, const NodeOptions& o, const std::string& publish_endpoint, MembershipCounters& c)
       : bridge(b), opt(o), local(local_addresses()), counters(c) {
     codec.handleByAnnotation<ms::Member>();
     codec.handleByAnnotation<ms::PutRequest>();
@@ -223,8 +221,8 @@ struct Membership::Impl {
     codec.handleByAnnotation<ms::LeaseKeepAliveResponse>();
     codec.handleByAnnotation<ms::Error>();
     for (const auto& e : opt.etcd()) urls.push_back(parse_url(e));
-    const auto dead = std::chrono::duration_cast<std::chrono::seconds>(opt.dead_after_time() +
-                                                                       999ms);
+    const auto dead =
+        std::chrono::duration_cast<std::chrono::seconds>(opt.dead_after_time() + 999ms);
     ttl_seconds = std::max<int64_t>(kMinLeaseSeconds, dead.count());
     publish = opt.advertise_publish().empty() ? publish_endpoint : opt.advertise_publish();
     split_tcp(publish_endpoint, bound_host, bound_port);
@@ -234,8 +232,8 @@ struct Membership::Impl {
       std::string to = split_tcp(opt.advertise(), adv_host, adv_port) && !wildcard(adv_host)
                            ? adv_host
                            : primary_address();
-      publish = absl::StrCat("tcp://", to.find(':') != std::string::npos ? "[" + to + "]" : to,
-                             ":", port);
+      publish = absl::StrCat("tcp://", to.find(':') != std::string::npos ? "[" + to + "]" : to, ":",
+                             port);
     }
   }
 
@@ -259,9 +257,8 @@ struct Membership::Impl {
   template <class T>
   typename T::Reader decode(const std::string& json, capnp::MallocMessageBuilder& mb) {
     auto root = mb.initRoot<T>();
-    KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
-                   codec.decode(kj::StringPtr(json.c_str(), json.size()), root);
-                 })) {
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions(
+                        [&] { codec.decode(kj::StringPtr(json.c_str(), json.size()), root); })) {
       throw EtcdError(absl::StrCat("not the JSON expected (", e->getDescription().cStr(), ")"));
     }
     return root.asReader();
@@ -412,11 +409,12 @@ struct Membership::Impl {
   bool on_watch_line(const std::string& line) {
     capnp::MallocMessageBuilder mb;
     auto item = decode<ms::WatchStreamItem>(line, mb);
-    if (item.hasError()) throw EtcdError(absl::StrCat("etcd watch: ", item.getError().getMessage().cStr()));
+    if (item.hasError())
+      throw EtcdError(absl::StrCat("etcd watch: ", item.getError().getMessage().cStr()));
     auto r = item.getResult();
     if (r.getCanceled()) {
-      throw EtcdError(absl::StrCat("etcd canceled the watch (compacted to ",
-                                   r.getCompactRevision(), "): reading the members again"));
+      throw EtcdError(absl::StrCat("etcd canceled the watch (compacted to ", r.getCompactRevision(),
+                                   "): reading the members again"));
     }
     bool changed = false;
     for (auto ev : r.getEvents()) {
@@ -446,10 +444,9 @@ struct Membership::Impl {
       if (lease == 0) {
         capnp::MallocMessageBuilder mb;
         mb.initRoot<ms::LeaseGrantRequest>().setTtl(ttl_seconds);
-        std::string answer =
-            co_await call(s, buf, u, "/v3/lease/grant",
-                          encode<ms::LeaseGrantRequest>(
-                              mb.getRoot<ms::LeaseGrantRequest>().asReader()));
+        std::string answer = co_await call(
+            s, buf, u, "/v3/lease/grant",
+            encode<ms::LeaseGrantRequest>(mb.getRoot<ms::LeaseGrantRequest>().asReader()));
         capnp::MallocMessageBuilder got;
         auto g = decode<ms::LeaseGrantResponse>(answer, got);
         if (g.getError().size() > 0 || g.getId() == 0) {
@@ -467,8 +464,8 @@ struct Membership::Impl {
     const std::string begin = opt.etcd_prefix(), end = prefix_end(opt.etcd_prefix());
     range.setKey(bytes(begin));
     range.setRangeEnd(bytes(end));
-    std::string answer = co_await call(s, buf, u, "/v3/kv/range",
-                                       encode<ms::RangeRequest>(range.asReader()));
+    std::string answer =
+        co_await call(s, buf, u, "/v3/kv/range", encode<ms::RangeRequest>(range.asReader()));
     capnp::MallocMessageBuilder got;
     auto all = decode<ms::RangeResponse>(answer, got);
     members.clear();
@@ -591,8 +588,7 @@ struct Membership::Impl {
         told = have;
         std::vector<Peer> peers;
         for (auto& ep : have) peers.push_back(Peer{ep, peer.public_key});
-        bridge.post(
-            [b = &bridge, source, peers = std::move(peers)] { b->found(source, peers); });
+        bridge.post([b = &bridge, source, peers = std::move(peers)] { b->found(source, peers); });
       }
       timer.expires_after(opt.resolve_every());
       co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "integration/etcd.hpp"
 #include "integration/node_process.hpp"
 #include "integration/process.hpp"
 #include "support/test_support.hpp"
@@ -277,3 +279,41 @@ TEST(BusctlCurve, JoinsASecuredBusWithAnAllowedKeyAndIsTurnedAwayWithout) {
 }
 
 }  // namespace
+
+TEST(BusctlEtcd, FindsTheNodesRegisteredUnderAPrefixWithoutPeerFlags) {
+  integ::Etcd etcd;
+  ASSERT_TRUE(etcd.running());
+  const std::string prefix = integ::fresh_prefix();
+  auto node = [&](const char* name) {
+    return std::make_unique<integ::NodeProcess>(
+        std::vector<std::string>{std::string("--name=") + name, "--etcd=" + etcd.url(),
+                                 "--etcd-prefix=" + prefix, "--serve"});
+  };
+  auto a = node("alpha"), b = node("beta");
+  ASSERT_TRUE(a->ready() && b->ready());
+  ASSERT_EQ(a->ask("wait-peers 1").num("n"), 1u);
+  std::string out;
+  ASSERT_EQ(
+      integ::run_command(
+          {BUSCTL, "--etcd=" + etcd.url(), "--prefix=" + prefix, "--wait=20s", "peers"}, &out),
+      0)
+      << out;
+  EXPECT_NE(out.find("alpha  id="), std::string::npos) << out;
+  EXPECT_NE(out.find("beta  id="), std::string::npos) << out;
+  // busctl only watches: it registers nothing.
+  EXPECT_EQ(etcd.keys(prefix).size(), 2u);
+  ASSERT_EQ(integ::run_command({BUSCTL, "--etcd=" + etcd.url(), "--prefix=" + prefix, "--wait=20s",
+                                "stats", "beta"},
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("beta (id "), std::string::npos) << out;
+  // Another prefix holds nobody: nothing reachable (exit 2).
+  EXPECT_EQ(
+      integ::run_command(
+          {BUSCTL, "--etcd=" + etcd.url(), "--prefix=/nobody-here/", "--wait=1s", "peers"}, &out),
+      2)
+      << out;
+  EXPECT_TRUE(a->quit());
+  EXPECT_TRUE(b->quit());
+}

@@ -59,11 +59,11 @@ void Etcd::kill() { child_.reset(); }
 bool Etcd::start() {
   kill();
   // Its log goes to a file: a test's output stays readable (it is printed when start fails).
-  const std::string cmd = absl::StrCat(
-      "exec etcd --name bus-test --data-dir ", dir_, "/data --listen-client-urls ", url_,
-      " --advertise-client-urls ", url_, " --listen-peer-urls ", peer_url_,
-      " --initial-advertise-peer-urls ", peer_url_, " --initial-cluster bus-test=", peer_url_,
-      " >>", dir_, "/etcd.log 2>&1");
+  const std::string cmd =
+      absl::StrCat("exec etcd --name bus-test --data-dir ", dir_, "/data --listen-client-urls ",
+                   url_, " --advertise-client-urls ", url_, " --listen-peer-urls ", peer_url_,
+                   " --initial-advertise-peer-urls ", peer_url_,
+                   " --initial-cluster bus-test=", peer_url_, " >>", dir_, "/etcd.log 2>&1");
   child_ = std::make_unique<Child>(std::vector<std::string>{"sh", "-c", cmd});
   if (!child_->running()) {
     child_.reset();

@@ -89,15 +89,15 @@ struct Flags {
 
 std::optional<Flags> parse(int argc, char** argv) {
   Flags f;
-  const std::map<std::string_view, std::string*> text = {{"--name", &f.name},
-                                                         {"--publish-on", &f.publish_on},
-                                                         {"--requests-on", &f.requests_on},
-                                                         {"--advertise", &f.advertise},
-                                                         {"--etcd-prefix", &f.etcd_prefix},
-                                                         {"--advertise-publish",
-                                                          &f.advertise_publish},
-                                                         {"--curve-public", &f.curve.public_key},
-                                                         {"--curve-secret", &f.curve.secret_key}};
+  const std::map<std::string_view, std::string*> text = {
+      {"--name", &f.name},
+      {"--publish-on", &f.publish_on},
+      {"--requests-on", &f.requests_on},
+      {"--advertise", &f.advertise},
+      {"--etcd-prefix", &f.etcd_prefix},
+      {"--advertise-publish", &f.advertise_publish},
+      {"--curve-public", &f.curve.public_key},
+      {"--curve-secret", &f.curve.secret_key}};
   const std::map<std::string_view, long*> numbers = {
       {"--heartbeat-ms", &f.heartbeat_ms},
       {"--resolve-every-ms", &f.resolve_every_ms},

@@ -1,13 +1,12 @@
 // Membership without a peer list, against the real thing: node processes that find each other
 // through a real etcd (started here, stopped and restarted under them), and through real name
 // resolution (/etc/hosts entries for one name with three addresses, taken away and given back).
+#include <absl/strings/str_cat.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <absl/strings/str_cat.h>
 
 #include <fstream>
 #include <random>
@@ -33,9 +32,8 @@ class EtcdMembership : public testing::Test {
 
   /// A node that knows only etcd.
   std::unique_ptr<NodeProcess> node(const std::string& name, std::vector<std::string> flags) {
-    return std::make_unique<NodeProcess>(
-        cat({"--name=" + name, "--etcd=" + etcd.url(), "--etcd-prefix=" + prefix}, kLiveness,
-            flags));
+    return std::make_unique<NodeProcess>(cat(
+        {"--name=" + name, "--etcd=" + etcd.url(), "--etcd-prefix=" + prefix}, kLiveness, flags));
   }
   bool all_see(std::vector<NodeProcess*> nodes, std::size_t n) {
     for (NodeProcess* p : nodes) {
@@ -178,7 +176,8 @@ class HostsFile {
   static constexpr char kMark[] = "bus membership test";
   void remove_all() {
     rewrite([&](const std::string& line) {
-      return line.find(kMark) != std::string::npos && line.find(" " + name_ + " ") != std::string::npos;
+      return line.find(kMark) != std::string::npos &&
+             line.find(" " + name_ + " ") != std::string::npos;
     });
   }
   // In place (no rename: /etc/hosts may be a bind mount).
@@ -262,8 +261,7 @@ TEST(DnsMembership, EveryAddressOfANameIsAPeerAndOneTakenAwayIsDroppedAfterDeadA
 }
 
 TEST(DnsMembership, ANameThatDoesNotResolveIsCountedAndTheNodeKeepsRunning) {
-  NodeProcess a(cat({"--name=a", "--peer=tcp://no-such-host.invalid:7001",
-                     "--resolve-every-ms=50"},
+  NodeProcess a(cat({"--name=a", "--peer=tcp://no-such-host.invalid:7001", "--resolve-every-ms=50"},
                     kLiveness));
   ASSERT_TRUE(a.ready());
   EXPECT_TRUE(bus_test::eventually([&] { return a.report().num("dns_errors") >= 2; }, 60s));

@@ -116,8 +116,10 @@ inline constexpr NodeFigure kNodeFigures[] = {
      &NodeStats::direct_calls},
     {"members_found", "Publishers DNS or etcd gave that were not listened to yet.",
      &NodeStats::members_found},
-    {"members_dropped", "Publishers no longer listened to: gone from etcd, or from DNS for "
-     "heartbeat x dead_after.", &NodeStats::members_dropped},
+    {"members_dropped",
+     "Publishers no longer listened to: gone from etcd, or from DNS for "
+     "heartbeat x dead_after.",
+     &NodeStats::members_dropped},
     {"etcd_registrations", "Times this node registered in etcd (again after a lost lease).",
      &NodeStats::etcd_registrations},
     {"etcd_errors", "Failed etcd calls and watch streams, and registrations that did not decode.",
