@@ -203,8 +203,18 @@ struct Membership::Impl {
   std::shared_ptr<beast::tcp_stream> watch;
   std::exception_ptr watch_failed;
   bool reachable = true;  // for the log: say once when etcd goes and when it comes back
-  std::chrono::milliseconds retry{kFirstRetry};    // the next wait between attempts
-  absl::flat_hash_map<std::string, Peer> members;  // etcd key -> its publisher
+  std::chrono::milliseconds retry{kFirstRetry};  // the next wait between attempts
+  /// A registered node, as its record says.
+  struct Registered {
+    Peer peer;
+    absl::flat_hash_set<std::string> gives, takes;  // exports and serves; imports
+    bool operator==(const Registered& o) const {
+      return peer.endpoint == o.peer.endpoint && peer.public_key == o.peer.public_key &&
+             gives == o.gives && takes == o.takes;
+    }
+  };
+  absl::flat_hash_map<std::string, Registered> members;  // by etcd key
+  Registered self;  // this node's record as last written (etcd_related_only())
   std::vector<std::unique_ptr<asio::steady_timer>> dns_timers;
 
   Impl(Bridge& b, const NodeOptions& o, const std::string& publish_endpoint, MembershipCounters& c)
@@ -304,9 +314,13 @@ struct Membership::Impl {
   // ---- registration ----
   std::string member_json() {
     MemberRecord r = bridge.query([this] { return bridge.member_record(); });
+    self.gives.clear();
+    self.gives.insert(r.exports.begin(), r.exports.end());
+    self.gives.insert(r.serves.begin(), r.serves.end());
+    self.takes = absl::flat_hash_set<std::string>(r.imports.begin(), r.imports.end());
     capnp::MallocMessageBuilder mb;
     auto m = mb.initRoot<ms::Member>();
-    m.setId(absl::StrCat(absl::Hex(r.id)));
+    m.setId(absl::StrCat(absl::Hex(r.id, absl::kZeroPad16)));
     m.setName(r.name);
     m.setPublish(publish);
     m.setRequests(r.requests);
@@ -333,6 +347,7 @@ struct Membership::Impl {
     put.setLease(lease);
     co_await call(s, buf, u, "/v3/kv/put", encode<ms::PutRequest>(put.asReader()));
     registered_changes = seen;
+    if (opt.etcd_related_only()) found_members();  // what this node shares may have changed
   }
 
   /// The lease's TTL after a keep-alive; 0 when it is gone (expired, or etcd lost it).
@@ -346,21 +361,39 @@ struct Membership::Impl {
   }
 
   // ---- what etcd says, to the bridge ----
+  /// `m` and this node share a channel: one exports or serves what the other imports.
+  bool related(const Registered& m) const {
+    auto meets = [](const absl::flat_hash_set<std::string>& a,
+                    const absl::flat_hash_set<std::string>& b) {
+      for (const auto& x : a) {
+        if (b.contains(x)) return true;
+      }
+      return false;
+    };
+    return meets(m.gives, self.takes) || meets(m.takes, self.gives);
+  }
+
   void found_members() {
+    const bool all = !opt.etcd_related_only() || !opt.etcd_register();
     std::vector<Peer> peers;
     peers.reserve(members.size());
-    for (const auto& [key, p] : members) peers.push_back(p);
+    for (const auto& [key, m] : members) {
+      if (all || related(m)) peers.push_back(m.peer);
+    }
     bridge.post([b = &bridge, peers = std::move(peers)] { b->found("etcd", peers); });
   }
 
-  /// A registration's value -> the peer to listen to (false for our own, or one unreadable).
-  bool member_peer(const std::string& key, const std::string& value, Peer& out) {
+  /// A registration's value -> the node (false for our own, or one unreadable).
+  bool member_peer(const std::string& key, const std::string& value, Registered& out) {
     if (key == own_key()) return false;
     capnp::MallocMessageBuilder mb;
     try {
       auto m = decode<ms::Member>(value, mb);
       if (m.getPublish().size() == 0) throw EtcdError("no publish endpoint");
-      out = Peer{m.getPublish().cStr(), m.getPublicKey().cStr()};
+      out.peer = Peer{m.getPublish().cStr(), m.getPublicKey().cStr()};
+      for (auto c : m.getExports()) out.gives.insert(c.cStr());
+      for (auto c : m.getServes()) out.gives.insert(c.cStr());
+      for (auto c : m.getImports()) out.takes.insert(c.cStr());
       return true;
     } catch (const std::exception& e) {
       counters.etcd_errors.fetch_add(1, std::memory_order_relaxed);
@@ -421,10 +454,10 @@ struct Membership::Impl {
       const std::string key = text(ev.getKv().getKey());
       if (ev.getType() == "DELETE") {
         changed |= members.erase(key) > 0;
-      } else if (Peer p; member_peer(key, text(ev.getKv().getValue()), p)) {
+      } else if (Registered m; member_peer(key, text(ev.getKv().getValue()), m)) {
         auto& have = members[key];
-        changed |= have.endpoint != p.endpoint || have.public_key != p.public_key;
-        have = std::move(p);
+        changed |= !(have == m);
+        have = std::move(m);
       }
     }
     return changed;
@@ -471,7 +504,7 @@ struct Membership::Impl {
     members.clear();
     for (auto kv : all.getKvs()) {
       const std::string key = text(kv.getKey());
-      if (Peer p; member_peer(key, text(kv.getValue()), p)) members[key] = std::move(p);
+      if (Registered m; member_peer(key, text(kv.getValue()), m)) members[key] = std::move(m);
     }
     found_members();
     if (!reachable) log(absl::StrCat("etcd at ", u.host, ":", u.port, " reached again"));

@@ -70,6 +70,9 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
     } else if (key == "etcd_register") {
       if (value != "true" && value != "false") return fail("etcd_register is true or false");
       o.etcd_register(value == "true");
+    } else if (key == "etcd_related_only") {
+      if (value != "true" && value != "false") return fail("etcd_related_only is true or false");
+      o.etcd_related_only(value == "true");
     } else if (key == "heartbeat_ms") {
       if (auto s = number(n); !s.ok()) return s;
       o.heartbeat_ = std::chrono::milliseconds(n);
@@ -105,7 +108,8 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
       return fail(absl::StrCat(
           "unknown key '", key,
           "' (known: name, publish, requests, advertise, advertise_publish, peer, "
-          "resolve_every_ms, etcd, etcd_prefix, etcd_register, heartbeat_ms, dead_after, "
+          "resolve_every_ms, etcd, etcd_prefix, etcd_register, etcd_related_only, heartbeat_ms, "
+          "dead_after, "
           "max_message_bytes, traversal_limit_words, nesting_limit, curve_public, curve_secret, "
           "allow, send_stall_limit_ms, subscription_queue, subscriber_timeout_ms)"));
     }

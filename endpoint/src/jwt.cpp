@@ -173,10 +173,14 @@ EVP_PKEY* jwk_key(capnp::JsonValue::Reader jwk, const std::string& kty, const st
       throw std::runtime_error("bus::http: JWT key " + what + ": an EC key not on P-256");
     }
     std::string x = b64("x"), y = b64("y");
-    if (x.size() != 32 || y.size() != 32) {
+    if (x.size() > 32 || y.size() > 32) {
       OSSL_PARAM_BLD_free(bld);
       throw std::runtime_error("bus::http: JWT key " + what + ": x and y must be 32 bytes");
     }
+    // RFC 7518 wants the full 32 bytes, but writers that encode the coordinates as integers
+    // (PyJWT before 2.7, among others) drop leading zero bytes, one key in 128: put them back.
+    x.insert(0, 32 - x.size(), '\0');
+    y.insert(0, 32 - y.size(), '\0');
     point = "\x04" + x + y;  // an uncompressed point
     OSSL_PARAM_BLD_push_utf8_string(bld, OSSL_PKEY_PARAM_GROUP_NAME, "prime256v1", 0);
     OSSL_PARAM_BLD_push_octet_string(bld, OSSL_PKEY_PARAM_PUB_KEY, point.data(), point.size());

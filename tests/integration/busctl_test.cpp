@@ -170,7 +170,7 @@ TEST_F(Busctl, ErrorsSayWhatToDoWithDistinctExitCodes) {
   EXPECT_EQ(busctl({"--peer=" + agg_, "frobnicate"}, &out), 1) << out;
   EXPECT_TRUE(has(out, "unknown command 'frobnicate'")) << out;
   EXPECT_EQ(busctl({"call", "demo.stats", "{}"}, &out), 1) << out;
-  EXPECT_TRUE(has(out, "--peer is required")) << out;
+  EXPECT_TRUE(has(out, "--peer or --etcd is required")) << out;
   // Nobody there.
   EXPECT_EQ(busctl({"--peer=tcp://127.0.0.1:1", "--wait=1s", "peers"}, &out), 2) << out;
   EXPECT_TRUE(has(out, "no peer reachable")) << out;

@@ -44,6 +44,7 @@ constexpr char kUsage[] =
     "  --advertise=EP           request endpoint told to peers\n"
     "  --peer=EP[,KEY]          a node to listen to (repeatable; a host name is re-resolved)\n"
     "  --etcd=URL --etcd-prefix=P  find the nodes through etcd (URL repeatable)\n"
+    "  --etcd-related-only      listen only to nodes sharing a channel with this one\n"
     "  --advertise-publish=EP --resolve-every-ms=N\n"
     "  --heartbeat-ms=N --dead-after=N --stall-limit-ms=N\n"
     "  --subscription-queue=N --subscriber-timeout-ms=N\n"
@@ -81,6 +82,7 @@ struct Flags {
   std::vector<std::string> etcd;
   std::string etcd_prefix = "/bus/", advertise_publish;
   long resolve_every_ms = 0;
+  bool etcd_related_only = false;
   bool export_readings = false, import_readings = false, export_mistyped = false;
   bool serve = false, hold = false, import_stats = false, import_mistyped = false;
   long parent = 0;
@@ -121,7 +123,8 @@ std::optional<Flags> parse(int argc, char** argv) {
       {"--serve", &f.serve},
       {"--hold-requests", &f.hold},
       {"--import-stats", &f.import_stats},
-      {"--import-mistyped-stats", &f.import_mistyped}};
+      {"--import-mistyped-stats", &f.import_mistyped},
+      {"--etcd-related-only", &f.etcd_related_only}};
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     std::string_view key = arg, value;
@@ -231,7 +234,7 @@ int main(int argc, char** argv) {
   }
   if (!f.curve.secret_key.empty()) options.curve(f.curve, f.allow);
   for (const auto& p : f.peers) options.peer(p.endpoint, p.public_key);
-  if (!f.etcd.empty()) options.etcd(f.etcd, f.etcd_prefix);
+  if (!f.etcd.empty()) options.etcd(f.etcd, f.etcd_prefix).etcd_related_only(f.etcd_related_only);
   if (!f.advertise_publish.empty()) options.advertise_publish(f.advertise_publish);
   if (f.resolve_every_ms > 0) options.resolve_every(std::chrono::milliseconds(f.resolve_every_ms));
 

@@ -268,3 +268,34 @@ TEST(DnsMembership, ANameThatDoesNotResolveIsCountedAndTheNodeKeepsRunning) {
   EXPECT_EQ(a.report().num("peers"), 0u);
   EXPECT_TRUE(a.quit());
 }
+
+TEST_F(EtcdMembership, RelatedOnlyListensToTheNodesThatShareAChannel) {
+  // Two pairs that share nothing across: a topic's publisher and subscriber, an endpoint's
+  // server and caller.
+  auto pub = node("pub", {"--export-readings", "--etcd-related-only"});
+  auto sub = node("sub", {"--import-readings", "--etcd-related-only"});
+  auto server = node("server", {"--serve", "--etcd-related-only"});
+  auto caller = node("caller", {"--import-stats", "--etcd-related-only"});
+  ASSERT_TRUE(pub->ready() && sub->ready() && server->ready() && caller->ready());
+  ASSERT_TRUE(all_see({pub.get(), sub.get(), server.get(), caller.get()}, 1));
+  EXPECT_TRUE(bus_test::eventually([&] { return etcd.keys(prefix).size() == 4; }, 60s));
+
+  ASSERT_EQ(pub->ask("wait-subscribers 1").num("n"), 1u);
+  ASSERT_EQ(pub->ask("publish 100").num("refused"), 0u);
+  EXPECT_EQ(sub->ask("wait-received 100").num("n"), 100u);
+  ASSERT_EQ(caller->ask("wait-server").num("ok"), 1u);
+  integ::Answer called = caller->ask("call 1");
+  EXPECT_EQ(called.num("ok"), 1u) << called.line;
+  // Each listens to its partner only.
+  for (const auto& [n, partner] :
+       std::vector<std::pair<NodeProcess*, const char*>>{{pub.get(), "sub"},
+                                                         {sub.get(), "pub"},
+                                                         {server.get(), "caller"},
+                                                         {caller.get(), "server"}}) {
+    integ::Answer r = n->report();
+    EXPECT_EQ(r.num("peers"), 1u) << r.line;
+    EXPECT_EQ(r.num("peer." + std::string(partner)), 1u) << r.line;
+    EXPECT_EQ(r.num("members_found"), 1u) << r.line;
+  }
+  for (auto* n : {pub.get(), sub.get(), server.get(), caller.get()}) EXPECT_TRUE(n->quit());
+}

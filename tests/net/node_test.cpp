@@ -961,13 +961,14 @@ TEST(NodeOptions, MembershipComesFromTheConfigToo) {
       "publish = tcp://*:7411\nadvertise_publish = tcp://10.0.0.5:7411\n"
       "peer = tcp://bus.default.svc:7411\nresolve_every_ms = 250\n"
       "etcd = http://10.0.0.9:2379\netcd = http://10.0.0.10:2379\netcd_prefix = /shop/\n"
-      "etcd_register = false\n");
+      "etcd_register = false\netcd_related_only = true\n");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->advertise_publish(), "tcp://10.0.0.5:7411");
   EXPECT_EQ(o->resolve_every(), 250ms);
   EXPECT_EQ(o->etcd(), (std::vector<std::string>{"http://10.0.0.9:2379", "http://10.0.0.10:2379"}));
   EXPECT_EQ(o->etcd_prefix(), "/shop/");
   EXPECT_FALSE(o->etcd_register());
+  EXPECT_TRUE(o->etcd_related_only());
   EXPECT_EQ(NodeOptions::parse("publish = tcp://*:1\netcd = http://e:2379\n")->etcd_prefix(),
             "/bus/");
   EXPECT_FALSE(NodeOptions::parse("publish = tcp://*:1\netcd_prefix = /x/\n").ok());

@@ -91,6 +91,14 @@ class NodeOptions {
     etcd_register_ = on;
     return *this;
   }
+  /// With etcd(): listen only to the registered nodes this one shares a channel with (one
+  /// exports or serves what the other imports, by name) instead of to every node. What keeps a
+  /// node's idle cost to the nodes it works with past a few dozen nodes; a channel added later
+  /// re-registers the node and adds the nodes it now shares with.
+  NodeOptions& etcd_related_only(bool on) {
+    etcd_related_only_ = on;
+    return *this;
+  }
   /// Heartbeat period, and how many may be missed before a node is declared dead.
   NodeOptions& heartbeat(std::chrono::milliseconds every, unsigned dead_after_missed = 3) {
     heartbeat_ = every;
@@ -151,7 +159,8 @@ class NodeOptions {
   ///   peer = tcp://10.0.0.4:7401 [public-key]   (one line per peer; a host name is resolved
   ///                                              again every resolve_every_ms = 1000)
   ///   etcd = http://10.0.0.9:2379 (one line per etcd member)   etcd_prefix = /bus/
-  ///   etcd_register = true            advertise_publish = tcp://10.0.0.5:7411
+  ///   etcd_register = true            etcd_related_only = false
+  ///   advertise_publish = tcp://10.0.0.5:7411
   ///   heartbeat_ms = 200              dead_after = 3
   ///   max_message_bytes = 1048576     traversal_limit_words = 8388608   nesting_limit = 64
   ///   curve_public = ...              curve_secret = ...          allow = <key> (one per line)
@@ -171,6 +180,7 @@ class NodeOptions {
   const std::vector<std::string>& etcd() const { return etcd_; }
   const std::string& etcd_prefix() const { return etcd_prefix_; }
   bool etcd_register() const { return etcd_register_; }
+  bool etcd_related_only() const { return etcd_related_only_; }
   /// heartbeat() x dead_after: how long a silent peer (or an address DNS no longer gives) lasts.
   std::chrono::milliseconds dead_after_time() const { return heartbeat_ * dead_after_; }
   std::chrono::milliseconds heartbeat() const { return heartbeat_; }
@@ -198,6 +208,7 @@ class NodeOptions {
   std::vector<std::string> etcd_;
   std::string etcd_prefix_;
   bool etcd_register_ = true;
+  bool etcd_related_only_ = false;
   std::chrono::milliseconds heartbeat_{200};
   unsigned dead_after_ = 3;
   std::size_t max_message_bytes_ = 1 << 20;
