@@ -54,8 +54,11 @@ constexpr auto kFirstRetry = 100ms;
 constexpr auto kMaxRetry = 2s;
 // What stop() waits for the lease's revocation.
 constexpr auto kRevokeTimeout = 500ms;
-// etcd's smallest lease (it raises a shorter one to this).
-constexpr int64_t kMinLeaseSeconds = 2;
+// The shortest lease asked for (etcd's own minimum is 2 s). The lease says whom to listen to,
+// not who is alive (heartbeats do): one that runs out under a live node drops it from everyone's
+// peers until it registers again. 2 s leases ran out under 64 nodes starting together on 2 cores
+// (etcd among them), and the churn tripled the time to full membership (docs/benchmarks.md).
+constexpr int64_t kMinLeaseSeconds = 5;
 
 struct Url {
   std::string host, port;

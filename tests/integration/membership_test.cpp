@@ -23,7 +23,7 @@ using testing::HasSubstr;
 
 namespace {
 
-// Heartbeats 50 ms, dead after 20 missed (1 s): the lease's TTL is etcd's minimum, 2 s.
+// Heartbeats 50 ms, dead after 20 missed (1 s): the lease's TTL is the shortest, 5 s.
 const std::vector<std::string> kLiveness = {"--heartbeat-ms=50", "--dead-after=20"};
 
 class EtcdMembership : public testing::Test {
@@ -92,7 +92,7 @@ TEST_F(EtcdMembership, ANodeThatStopsLeavesAtOnceAndOneKilledWhenItsLeaseRunsOut
   EXPECT_TRUE(bus_test::eventually([&] { return a->report().num("members_dropped") == 1; }, 60s))
       << a->report().line;
 
-  // kill -9: nothing said; etcd deletes the key when the lease's 2 s run out.
+  // kill -9: nothing said; etcd deletes the key when the lease's 5 s run out.
   b->kill();
   EXPECT_TRUE(bus_test::eventually([&] { return etcd.keys(prefix).size() == 1; }, 60s));
   EXPECT_TRUE(bus_test::eventually([&] { return a->report().num("members_dropped") == 2; }, 60s))

@@ -924,8 +924,8 @@ TEST(NodeOptions, ParsesASmallConfig) {
   EXPECT_EQ(o->dead_after(), 5u);
   EXPECT_EQ(o->max_message_bytes(), 4096u);
   EXPECT_FALSE(o->secure());
-  // Unset: a subscriber that shows no sign of life for dead_after heartbeats is disconnected.
-  EXPECT_EQ(o->subscriber_timeout(), 500ms);
+  // Unset: no ZMTP heartbeats (libzmq 4.3.4 can abort the far end of a connection they reset).
+  EXPECT_EQ(o->subscriber_timeout(), 0ms);
 }
 
 TEST(NodeOptions, SlowSubscriberSettingsComeFromTheConfigToo) {

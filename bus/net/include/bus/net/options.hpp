@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,8 +76,9 @@ class NodeOptions {
   }
   /// Finds peers through etcd (its v3 API, over the JSON gateway every etcd serves on its client
   /// port): registers this node under `prefix` + its id in hex (name, endpoints, key, what it
-  /// exports, serves and imports) with a lease of heartbeat() x dead_after (etcd's minimum is
-  /// 2 s) kept alive, and listens to every node registered there, adding and dropping them as
+  /// exports, serves and imports) with a lease of heartbeat() x dead_after (at least 5 s: the
+  /// lease says whom to listen to, heartbeats say who is alive) kept alive every third of it,
+  /// and listens to every node registered there, adding and dropping them as
   /// they come and go. `endpoints`: `http://host:port` of etcd members, tried in turn. While
   /// etcd cannot be reached the node keeps its peers, and registers again when it can.
   NodeOptions& etcd(std::vector<std::string> endpoints, std::string prefix = "/bus/") {
@@ -144,8 +144,12 @@ class NodeOptions {
   }
   /// A subscriber whose connection shows no sign of life for this long (ZMTP heartbeats, which
   /// its ZeroMQ answers by itself while it reads) is disconnected, and what was queued for it is
-  /// freed; it reconnects by itself once it reads again (and counts what it missed). Default:
-  /// heartbeat() x dead_after. 0: never.
+  /// freed; it reconnects by itself once it reads again (and counts what it missed). Default 0:
+  /// never (a subscriber that stops reading then holds at most subscription_queue() frames here
+  /// until its process or its host goes). Off by default because libzmq 4.3.4 (Debian 12's) can
+  /// abort the process at the other end of a connection its heartbeat timeout resets while that
+  /// end's input is stopped (zeromq/libzmq#4364, #4767): it did, to 2 of 64 nodes starting
+  /// under load. Each ping also wakes both ends' ZeroMQ threads.
   NodeOptions& subscriber_timeout(std::chrono::milliseconds d) {
     subscriber_timeout_ = d;
     return *this;
@@ -164,7 +168,7 @@ class NodeOptions {
   ///   heartbeat_ms = 200              dead_after = 3
   ///   max_message_bytes = 1048576     traversal_limit_words = 8388608   nesting_limit = 64
   ///   curve_public = ...              curve_secret = ...          allow = <key> (one per line)
-  ///   send_stall_limit_ms = 100       subscription_queue = 64       subscriber_timeout_ms = 600
+  ///   send_stall_limit_ms = 100       subscription_queue = 64       subscriber_timeout_ms = 0
   /// InvalidArgument names the line and what is wrong with it.
   static absl::StatusOr<NodeOptions> parse(std::string_view config);
   /// parse() of a file's contents; NotFound when it cannot be read.
@@ -193,9 +197,7 @@ class NodeOptions {
   bool secure() const { return !curve_.secret_key.empty(); }
   std::chrono::milliseconds send_stall_limit() const { return stall_limit_; }
   int subscription_queue() const { return subscription_queue_; }
-  std::chrono::milliseconds subscriber_timeout() const {
-    return subscriber_timeout_ ? *subscriber_timeout_ : heartbeat_ * dead_after_;
-  }
+  std::chrono::milliseconds subscriber_timeout() const { return subscriber_timeout_; }
 
  private:
   std::string name_ = "node";
@@ -218,7 +220,7 @@ class NodeOptions {
   std::vector<std::string> allow_;
   std::chrono::milliseconds stall_limit_{100};
   int subscription_queue_ = 64;
-  std::optional<std::chrono::milliseconds> subscriber_timeout_;
+  std::chrono::milliseconds subscriber_timeout_{0};
 };
 
 }  // namespace bus::net
