@@ -48,9 +48,15 @@ Bridge::Bridge(Bus& bus, NodeOptions options)
   std::string host, port;
   for (const Peer& p : opt_.peers()) names |= split_host_name(p.endpoint, host, port);
   if (names || !opt_.etcd().empty()) {
-    std::lock_guard lock(membership_mu_);
-    membership_ =
-        std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
+    try {
+      std::lock_guard lock(membership_mu_);
+      membership_ =
+          std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
+    } catch (...) {  // a bad etcd endpoint: the node does not start
+      stop();
+      ::close(wake_fd_);
+      throw;
+    }
   }
 }
 

@@ -976,6 +976,19 @@ TEST(NodeOptions, MembershipComesFromTheConfigToo) {
   EXPECT_FALSE(NodeOptions::parse("publish = tcp://*:1\nresolve_every_ms = 0\n").ok());
 }
 
+TEST(NodeOptions, AnEtcdEndpointThatCannotBeUsedStopsTheNodeFromStarting) {
+  bus::Bus b;
+  try {
+    Node n(b, local_node("n").etcd({"https://127.0.0.1:2379"}));
+    ADD_FAILURE() << "a node started with an https etcd endpoint";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("https is not supported"), std::string::npos) << e.what();
+  }
+  // The bus is usable, and a good node starts on it afterwards.
+  Node ok(b, local_node("ok"));
+  EXPECT_NE(ok.id(), 0u);
+}
+
 TEST(NodeOptions, ConfigErrorsNameTheLine) {
   auto bad = NodeOptions::parse("publish = tcp://*:1\nheartbeat_ms = soon\n");
   ASSERT_FALSE(bad.ok());
