@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # tests check /metrics with promtool (Debian's prometheus package) and call the example with curl;
 # the web page test drives headless Chromium through chromedriver; the HTTPS tests make
 # certificates with openssl, and the token tests mint JWTs with PyJWT (an implementation other
-# than the server's).
+# than the server's); the membership tests start a real etcd and read it with etcdctl.
 bash scripts/deps.sh python3 python3-zmq iproute2 prometheus curl chromium chromium-driver \
   openssl python3-jwt python3-cryptography etcd-server etcd-client
 # The OpenAPI tests lint the document with Redocly's CLI and check its schemas with Ajv; the
