@@ -44,14 +44,12 @@ Bridge::Bridge(Bus& bus, NodeOptions options)
     ::close(wake_fd_);
     throw;
   }
-  bool names = false;
-  std::string host, port;
-  for (const Peer& p : opt_.peers()) names |= split_host_name(p.endpoint, host, port);
+  const bool names = std::any_of(opt_.peers().begin(), opt_.peers().end(),
+                                 [](const Peer& p) { return is_host_name(p.endpoint); });
   if (names || !opt_.etcd().empty()) {
     try {
       std::lock_guard lock(membership_mu_);
-      membership_ =
-          std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
+      membership();
     } catch (...) {  // a bad etcd endpoint: the node does not start
       stop();
       ::close(wake_fd_);
@@ -118,15 +116,18 @@ void Bridge::add(std::unique_ptr<Bridged> channel) {
   if (membership_) membership_->channels_changed();
 }
 
+Membership& Bridge::membership() {
+  if (!membership_) {
+    membership_ =
+        std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
+  }
+  return *membership_;
+}
+
 void Bridge::add_peer(const Peer& p) {
-  std::string host, port;
-  if (split_host_name(p.endpoint, host, port)) {
+  if (is_host_name(p.endpoint)) {
     std::lock_guard lock(membership_mu_);
-    if (stopping_.load()) return;
-    if (!membership_)
-      membership_ =
-          std::make_unique<Membership>(*this, opt_, publish_endpoint_, membership_counters_);
-    membership_->add_name(p);
+    if (!stopping_.load()) membership().add_name(p);
     return;
   }
   std::exception_ptr error;
@@ -147,9 +148,8 @@ void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
   for (const Peer& p : peers) {
     if (p.endpoint == publish_endpoint_ || static_peers_.contains(p.endpoint)) continue;
     now.insert(p.endpoint);
-    Found& f = found_[p.endpoint];
-    if (!f.sources.insert(source).second || f.sources.size() > 1) continue;
-    f.public_key = p.public_key;
+    auto& sources = found_[p.endpoint];
+    if (!sources.insert(source).second || sources.size() > 1) continue;  // already listened to
     try {
       connect(p);
       ++counters_.members_found;
@@ -159,8 +159,8 @@ void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
   }
   for (auto it = found_.begin(); it != found_.end();) {
     auto next = std::next(it);
-    Found& f = it->second;
-    if (!now.contains(it->first) && f.sources.erase(source) > 0 && f.sources.empty()) {
+    auto& sources = it->second;
+    if (!now.contains(it->first) && sources.erase(source) > 0 && sources.empty()) {
       try {
         sub_->disconnect(it->first);
       } catch (const zmq::error_t&) {
@@ -292,8 +292,7 @@ void Bridge::setup() {
     sub_->set(zmq::sockopt::curve_secretkey, opt_.curve_keys().secret_key);
   }
   for (const Peer& p : opt_.peers()) {
-    std::string host, port;
-    if (split_host_name(p.endpoint, host, port)) continue;  // the membership resolves it
+    if (is_host_name(p.endpoint)) continue;  // the membership resolves it
     if (static_peers_.insert(p.endpoint).second) connect(p);
   }
   counters_.id = id_;

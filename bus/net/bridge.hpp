@@ -427,16 +427,14 @@ class Bridge final : public Link {
   absl::flat_hash_set<std::string> tapped_;            // subscribed for taps
   absl::flat_hash_map<std::string, std::unique_ptr<Bridged>> raw_calls_;  // call_raw channels
   Clock::time_point next_check_{};
-  // Publishers found by membership sources (endpoint -> its key and the sources that list it),
-  // and the static ones (never dropped).
-  struct Found {
-    std::string public_key;
-    absl::flat_hash_set<std::string> sources;
-  };
-  absl::flat_hash_map<std::string, Found> found_;
+  // Publishers found by membership sources (endpoint -> the sources that list it), and the
+  // static ones (never dropped).
+  absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> found_;
   absl::flat_hash_set<std::string> static_peers_;
 
   MembershipCounters membership_counters_;
+  /// The membership, made on first need; under membership_mu_.
+  Membership& membership();
   // Last: stopped before the bridge thread, which it posts to.
   mutable std::mutex membership_mu_;
   std::unique_ptr<Membership> membership_;  // under membership_mu_ (made on first need)

@@ -66,5 +66,10 @@ class Membership {
 
 /// `tcp://host:port` whose host is a name (not an address, not `*`), split into its parts.
 bool split_host_name(const std::string& endpoint, std::string& host, std::string& port);
+/// split_host_name() without the parts.
+inline bool is_host_name(const std::string& endpoint) {
+  std::string host, port;
+  return split_host_name(endpoint, host, port);
+}
 
 }  // namespace bus::net::detail

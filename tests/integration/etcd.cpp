@@ -11,7 +11,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <thread>
+
+#include "support/test_support.hpp"
 
 namespace integ {
 namespace {
@@ -69,9 +70,13 @@ bool Etcd::start() {
     child_.reset();
     return false;
   }
-  for (int i = 0; i < 600; ++i) {  // 60 s: a loaded CI machine under a sanitizer
-    if (curl({absl::StrCat(url_, "/health")}).find("\"true\"") != std::string::npos) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // 60 s: a loaded CI machine under a sanitizer.
+  if (bus_test::eventually(
+          [&] {
+            return curl({absl::StrCat(url_, "/health")}).find("\"true\"") != std::string::npos;
+          },
+          std::chrono::seconds(60))) {
+    return true;
   }
   std::string log;
   run_command({"tail", "-20", dir_ + "/etcd.log"}, &log);
