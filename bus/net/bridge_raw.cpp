@@ -70,7 +70,7 @@ absl::StatusOr<std::size_t> Bridge::publish_raw(const std::string& topic, uint64
   std::string other_type;
   bool refused = false;
   for (auto& [id, p] : peers_) {
-    if (!p.dealer) continue;
+    if (p.route == nullptr) continue;
     for (const auto& c : p.imports) {
       if (c.name != topic) continue;
       if (c.type_id != type_id) {
@@ -85,7 +85,7 @@ absl::StatusOr<std::size_t> Bridge::publish_raw(const std::string& topic, uint64
       env.count = 1;
       uint64_t& seq = p.send_seq[topic];
       env.seq = seq + 1;
-      if (send_to_peer(p, topic, env, payload)) {
+      if (p.route->send(topic, env, payload)) {
         ++seq;
         ++sent;
         ++traffic(topic, id).sent;

@@ -6,8 +6,6 @@
 #include <algorithm>
 #include <thread>
 
-#include "bridge.hpp"
-
 namespace bus::net::detail {
 
 namespace {
@@ -20,64 +18,6 @@ constexpr std::size_t kGoneKept = 256;
 
 absl::string_view sv(std::string_view s) { return {s.data(), s.size()}; }
 }  // namespace
-
-bool recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts) {
-  parts.clear();
-  zmq::message_t m;
-  if (!s.recv(m, zmq::recv_flags::dontwait)) return false;
-  bool more = m.more();
-  parts.push_back(std::move(m));
-  // No bus message has more than 4 parts (identity, channel, envelope, payloads): keep at most
-  // `max_parts` so a peer cannot make us hold an unbounded list; the caller rejects the rest.
-  while (more) {
-    zmq::message_t next;
-    if (!s.recv(next, zmq::recv_flags::none)) break;  // the rest of a multipart is already here
-    more = next.more();
-    if (parts.size() < max_parts) parts.push_back(std::move(next));
-  }
-  return true;
-}
-
-std::unique_ptr<zmq::socket_t> make_dealer(zmq::context_t& ctx, const NodeOptions& opt,
-                                           const std::string& server_key) {
-  auto d = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
-  d->set(zmq::sockopt::linger, 0);
-  d->set(zmq::sockopt::sndhwm, kPipeHwm);
-  d->set(zmq::sockopt::rcvhwm, kPipeHwm);
-  d->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt.max_message_bytes()) * 4 + (1 << 20));
-  if (opt.secure()) {
-    d->set(zmq::sockopt::curve_publickey, opt.curve_keys().public_key);
-    d->set(zmq::sockopt::curve_secretkey, opt.curve_keys().secret_key);
-    d->set(zmq::sockopt::curve_serverkey, server_key);
-  }
-  return d;
-}
-
-ChannelTraffic& row(TrafficRows& rows, const std::string& channel, uint64_t peer) {
-  auto [it, fresh] = rows.try_emplace(std::make_pair(channel, peer));
-  if (fresh) {
-    it->second.channel = channel;
-    it->second.peer = peer;
-  }
-  return it->second;
-}
-
-void fold_gone(TrafficRows& rows, uint64_t peer) {
-  std::vector<std::pair<std::string, uint64_t>> keys;
-  for (auto& [key, t] : rows) {
-    if (key.second == peer) keys.push_back(key);
-  }
-  for (auto& key : keys) {
-    ChannelTraffic t = rows[key];
-    rows.erase(key);
-    ChannelTraffic& gone = row(rows, key.first, 0);
-    gone.sent += t.sent;
-    gone.received += t.received;
-    gone.gaps += t.gaps;
-    gone.rejected += t.rejected;
-    gone.peer_missed += t.peer_missed;
-  }
-}
 
 struct DirectLanes::Lane {
   uint64_t generation = 0;  // of the servers its dealers were last checked against

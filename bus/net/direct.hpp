@@ -17,24 +17,11 @@
 #include "bus/net/detail/channels.hpp"
 #include "bus/net/options.hpp"
 #include "bus/net/stats.hpp"
+#include "sequences.hpp"
 #include "wire.hpp"
+#include "zmq_transport.hpp"
 
 namespace bus::net::detail {
-
-using Parts = std::vector<zmq::message_t>;
-/// Reads one multipart message without waiting (false: none), keeping at most `max_parts`.
-bool recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts = 5);
-/// A DEALER toward a node's ROUTER (`server_key`: its CURVE public key, when `opt` is secure).
-std::unique_ptr<zmq::socket_t> make_dealer(zmq::context_t& ctx, const NodeOptions& opt,
-                                           const std::string& server_key);
-
-/// Traffic counted per (channel, peer).
-using TrafficRows = absl::flat_hash_map<std::pair<std::string, uint64_t>, ChannelTraffic>;
-/// The row of (`channel`, `peer`), made when new.
-ChannelTraffic& row(TrafficRows& rows, const std::string& channel, uint64_t peer);
-/// Folds `peer`'s rows into the "gone" rows (peer 0), so that the table stays bounded as nodes
-/// come and go.
-void fold_gone(TrafficRows& rows, uint64_t peer);
 
 /// A live node serving an endpoint, as the bridge last saw it.
 struct DirectServer {

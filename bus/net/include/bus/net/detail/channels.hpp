@@ -115,9 +115,21 @@ class DirectCalls {
                     std::string_view payload, Clock::time_point deadline, PendingCall& done) = 0;
 };
 
+/// Where the reply to a request goes: back through the ROUTER to `identity` (ZeroMQ), or over
+/// shared-memory link `link`.
+struct ReplyTo {
+  std::string identity;
+  uint64_t link = 0;
+  bool operator==(const ReplyTo&) const = default;
+  template <class H>
+  friend H AbslHashValue(H h, const ReplyTo& r) {
+    return H::combine(std::move(h), r.identity, r.link);
+  }
+};
+
 /// A request that came from another node, for the reply.
 struct RemoteCall {
-  std::string identity;  // the requester's DEALER, as the ROUTER names it
+  ReplyTo to;
   uint64_t correlation = 0;
   uint64_t peer = 0;
   bool batched = false;  // the requester reads reply batches
