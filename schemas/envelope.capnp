@@ -82,6 +82,21 @@ struct Heartbeat {
                                # Everything below was handed to its publisher socket before this
                                # heartbeat, so a receiver counts the numbers it never got as
                                # gaps, even when nothing follows them (the tail of a stream)
+  publishEndpoint @12 :Text;   # where its publisher listens, as bound (or advertised)
+  shm @13 :SharedMemory;       # set when it takes shared-memory links from nodes on its host
+  handover @14 :List(UInt64);  # nodes that subscribed to its heartbeats over a shared-memory
+                               # link: from this heartbeat on, that link carries everything the
+                               # node publishes for them (it is the first frame on it), and what
+                               # came before it came over ZeroMQ (§15)
+}
+
+# How to reach a node over shared memory (docs/wire-protocol.md §15): connect to `socket`, if
+# the three namespaces' identities are yours too.
+struct SharedMemory {
+  socket @0 :Text;             # its abstract Unix socket (SOCK_SEQPACKET), without the leading NUL
+  bootId @1 :Text;             # /proc/sys/kernel/random/boot_id: the same kernel
+  ipcNamespace @2 :UInt64;     # the inode of /proc/self/ns/ipc
+  netNamespace @3 :UInt64;     # the inode of /proc/self/ns/net (abstract sockets live there)
 }
 
 # A running total of messages from `sender` on `channel` that the heartbeat's node never got.

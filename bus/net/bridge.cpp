@@ -31,6 +31,7 @@ Bridge::Bridge(Bus& bus, NodeOptions options)
       limits_{opt_.max_message_bytes(), opt_.traversal_limit_words(), opt_.nesting_limit()},
       id_(random_id()),
       zmq_(opt_, id_, *this),
+      shm_(opt_, id_, *this, *this),
       peers_(opt_.heartbeat(), opt_.dead_after()),
       ledger_([this](uint64_t id) { return peers_.contains(id); }),
       gate_(opt_.send_stall_limit()) {
@@ -227,6 +228,9 @@ void Bridge::setup() {
   inbox_ = std::make_unique<ExternalInbox>(bus_);
   BusAccess::mark_bridge_thread(bus_);
   zmq_.start();
+  if (opt_.shares_memory() && !HostIdentity::self().boot_id.empty()) {
+    shm_.start(wake_fd_, zmq_.publish_endpoint());
+  }
   for (const Peer& p : opt_.peers()) {
     if (is_host_name(p.endpoint)) continue;  // the membership resolves it
     if (static_peers_.insert(p.endpoint).second) listen(p);
@@ -255,16 +259,17 @@ void Bridge::wait_for_work(Pass& pass) {
   // While a subscriber or a peer holds local input back, the inbox is not drained: its eventfd
   // would stay readable and make every poll return at once, a busy loop that takes the CPU from
   // the transport's own threads, the ones that make room. Wait for room (or the 1 ms retry).
-  const bool holding = gate_.holding() || zmq_.backlogged() >= kPauseBacklog;
+  const bool holding = gate_.holding() || backlogged() >= kPauseBacklog;
   pass.at_inbox = set.add(inbox_->fd(), holding ? 0 : POLLIN);
   bool has_input = zmq_.prepare(set);
+  has_input = shm_.prepare(set) || has_input;
 
   auto now = Clock::now();
   // A heartbeat due behind a held frame waits for it (the 1 ms retry below), not for nothing.
   Clock::time_point until = gate_.holding() ? next_check_ : std::min(next_heartbeat_, next_check_);
   const std::optional<Clock::time_point> timer = inbox_->next_timer();
   if (timer) until = std::min(until, *timer);
-  if (gate_.holding() || zmq_.backlogged() > 0 || zmq_.replies_waiting() > 0) {
+  if (gate_.holding() || backlogged() > 0 || zmq_.replies_waiting() > 0) {
     until = std::min(until, now + milliseconds(1));
   }
   // A stall just begun is retried at once (yielding to the transport's threads between tries):
@@ -279,9 +284,12 @@ void Bridge::wait_for_work(Pass& pass) {
   // ZMQ_FD saying so again: retried only after the wait, the held frame would wait out the whole
   // timeout with room to spare (the 1 KiB publish benchmark lost a fifth of its rate).
   if (timeout > 0 && gate_.holding() && retry_held()) timeout = 0;
+  // Links' writers wake this thread through its eventfd only while it says it sleeps.
+  if (timeout != 0 && !shm_.sleep()) timeout = 0;
   if (::poll(set.fds.data(), set.fds.size(), timeout) < 0 && errno != EINTR) {
     throw std::system_error(errno, std::generic_category(), "bus.net: poll");
   }
+  if (timeout != 0) shm_.awake();
   pass.inbox_due = timer && *timer <= Clock::now();
   if (set.in(pass.at_wake)) {
     uint64_t v;
@@ -296,6 +304,8 @@ void Bridge::read_peers(Pass& pass) {
     std::size_t read_before = messages_read_;
     const uint64_t control_before = control_read_;
     zmq_.read_traffic(pass.set);
+    shm_.read(pass.set);
+    if (!linked_.empty()) replay_handovers();
     // Heartbeats are not traffic: nothing was handed over, and no stream is starting.
     pass.read_work = messages_read_ - read_before - (control_read_ - control_before);
     pass.work += pass.read_work;
@@ -305,10 +315,11 @@ void Bridge::read_peers(Pass& pass) {
   if (pass.read_work > 0) std::this_thread::yield();
   zmq_.read_control(pass.set);
   zmq_.flush();
+  shm_.flush();
 }
 
 void Bridge::take_local_input(Pass& pass) {
-  pass.paused = !retry_held() || zmq_.backlogged() >= kPauseBacklog;
+  pass.paused = !retry_held() || backlogged() >= kPauseBacklog;
   if (pass.paused) {
     // A subscriber or a peer is not keeping up: hold local input back (local publishers feel
     // the back-pressure through the bounded rings).
@@ -326,7 +337,7 @@ void Bridge::take_local_input(Pass& pass) {
   // A drain that took a full batch may have left more: take up to kDrainRounds batches, so
   // that a publisher's frame carries up to kMaxBatchBytes, not one batch of records.
   for (int more = 1; more < kDrainRounds && drained >= ExternalInbox::kBatch && !gate_.holding() &&
-                     zmq_.backlogged() < kPauseBacklog;
+                     backlogged() < kPauseBacklog;
        ++more) {
     drained = inbox_->drain_awake();
     armed_ = false;
@@ -412,6 +423,7 @@ void Bridge::shutdown() {
   lanes_->stop();  // calls on their callers' threads end Cancelled, as pending_ below
   drain_all();
   zmq_.flush();
+  shm_.flush();
   resolve_stall();
   (void)heartbeat(/*leaving=*/true);  // after everything published: nothing is held now
   // End-of-stream handshake: LINGER alone does not guarantee that what was queued is delivered
@@ -436,7 +448,10 @@ void Bridge::shutdown() {
       (void)heartbeat(/*leaving=*/true);
       again = Clock::now() + milliseconds(100);
     }
-    zmq_.read_topics_for(milliseconds(10));
+    zmq_.read_topics_for(shm_.links() > 0 ? milliseconds(1) : milliseconds(10));
+    shm_.read_links();
+    shm_.flush();
+    shm_.wake_written();
     for (uint64_t id : goodbye_acks_) waiting.erase(id);
   }
   resolve_stall();  // nobody waited for the goodbye: it still goes out
@@ -448,8 +463,11 @@ void Bridge::shutdown() {
   // inbox as it closes (their callbacks reply through the transports, still open here).
   inbox_.reset();
   replies_.flush([this](ReplyBatch& b) { send_reply_batch(b); });
+  shm_.flush();
+  shm_.wake_written();
   for (auto& [id, p] : peers_) zmq_.close_route(id);
   peers_.clear();
+  shm_.close();
   zmq_.close();
 }
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,7 @@
 #include "peers.hpp"
 #include "publish_gate.hpp"
 #include "sequences.hpp"
+#include "shm_transport.hpp"
 #include "wire.hpp"
 #include "zmq_transport.hpp"
 
@@ -37,7 +39,7 @@ void node_figures(const NodeStats& s, StatsdSink& out);
 /// Per (channel, peer) figures for $bus.stats: what was missed each way.
 void peer_figures(const NodeStats& s, StatsdSink& out);
 
-class Bridge final : public Link, private FrameSink {
+class Bridge final : public Link, private FrameSink, private ShmTransport::Events {
  public:
   Bridge(Bus& bus, NodeOptions options);
   ~Bridge() override;
@@ -132,6 +134,7 @@ class Bridge final : public Link, private FrameSink {
     Bridged* channel;
     Clock::time_point deadline;
     std::unique_ptr<PendingCall> call;
+    uint64_t link;  // the shared-memory link it went over (0: ZeroMQ)
   };
   /// Why a peer is forgotten: it may come back (silence), or it never will (it left, or a new
   /// run of it took its address).
@@ -183,13 +186,26 @@ class Bridge final : public Link, private FrameSink {
   void on_publish(absl::string_view name, const EnvelopeFields& env, const Payloads& payloads);
   void on_request(const InFrame& frame, EnvelopeFields& env);
   void on_reply(const InFrame& frame, EnvelopeFields& env);
-  void on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::word> payload);
+  void on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::word> payload,
+                    Stream stream);
   /// A "$bus.stats" request: answers this node's figures.
   void serve_stats(const RemoteCall& call);
   /// Delivers payloads of a publish or send, counting sequence gaps per (sender, channel).
   void deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads);
   /// A new peer was heard: how to send it requests, and whether it replaced an older run.
   void welcome(PeerState& p);
+  /// A heartbeat says its node takes shared-memory links: link to it if it is on this host.
+  void offer_link(uint64_t id, const wire::Heartbeat::Reader& hb);
+
+  // ---- shared-memory links (bridge_links.cpp) ----------------------------------------------
+  // ShmTransport::Events
+  void on_link_up(uint64_t link, uint64_t peer, const std::string& publish_endpoint) override;
+  void on_link_down(uint64_t link, uint64_t peer, bool died, const std::string& why,
+                    const Subscribers* publisher) override;
+  /// The listened-to endpoint (static or found) that names the publisher at `endpoint`, or "".
+  std::string listened_endpoint(const std::string& endpoint) const;
+  /// What this node takes of other nodes' topics: the heartbeats, imports with subscribers, taps.
+  std::vector<std::string> topic_filters() const;
 
   // ---- outgoing (bridge_out.cpp) ---------------------------------------------------------
   /// Sends what the pass batched: requests, replies and topic messages.
@@ -225,7 +241,7 @@ class Bridge final : public Link, private FrameSink {
   /// together and each wakes once for many peers' heartbeats rather than once for each. At
   /// most a period away (a heartbeat sent early, to a newcomer, only shortens the gap).
   Clock::time_point next_beat(Clock::time_point now) const;
-  std::string heartbeat_payload(bool leaving);
+  std::string heartbeat_payload(bool leaving, const std::vector<uint64_t>& handover);
 
   // ---- peers (bridge_out.cpp) ------------------------------------------------------------
   /// Listens to a publisher's endpoint.
@@ -235,6 +251,8 @@ class Bridge final : public Link, private FrameSink {
   void update_reachability();
   void update_subscriptions();
   void sweep_pending();
+  /// Frames waiting for room toward peers, over every transport.
+  std::size_t backlogged() const { return zmq_.backlogged() + shm_.backlogged(); }
   /// `sender` if it is a live peer, else 0 (rows for unknown senders are folded together).
   uint64_t known(uint64_t sender) const { return peers_.contains(sender) ? sender : 0; }
   ChannelTraffic& traffic(const std::string& channel, uint64_t peer) {
@@ -248,6 +266,7 @@ class Bridge final : public Link, private FrameSink {
 
   // The transports. Closed by shutdown(), on the bridge thread.
   ZmqTransport zmq_;
+  ShmTransport shm_;
   std::unique_ptr<ExternalInbox> inbox_;
   int wake_fd_ = -1;
   // Callers in a call keep it alive; their sockets close when the call ends, which the
@@ -299,6 +318,27 @@ class Bridge final : public Link, private FrameSink {
   // static ones (never dropped).
   absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> found_;
   absl::flat_hash_set<std::string> static_peers_;
+  /// A publisher listened to over its shared-memory link instead of ZeroMQ. Its topics move
+  /// over without a loss or a duplicate: the link's topic frames wait here until the
+  /// publisher's heartbeat that names this node (its handover) comes over ZeroMQ, behind
+  /// everything it sent there before; then the subscriber socket lets go of it and the waiting
+  /// frames are read (what ZeroMQ brought twice is skipped by its sequence numbers).
+  struct LinkedPublisher {
+    std::string endpoint;  // what the subscriber socket was (and is again, when the link goes)
+    bool moving = true;    // until the handover
+    bool replay = false;   // the handover came: read `waiting` after this read step
+    Clock::time_point since;
+    struct Frame {
+      std::string channel, envelope, payload;
+    };
+    std::deque<Frame> waiting;
+    std::size_t bytes = 0;
+  };
+  absl::flat_hash_map<uint64_t, LinkedPublisher> linked_;  // by publisher node
+  /// Reads the link frames that waited for a handover that came.
+  void replay_handovers();
+  /// Gives up moving `node`'s topics to its link (its handover did not come): ZeroMQ it is.
+  void abandon_handover(uint64_t node, const char* why);
 
   MembershipCounters membership_counters_;
   /// The membership, made on first need; under membership_mu_.

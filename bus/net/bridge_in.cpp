@@ -50,6 +50,19 @@ void Bridge::on_frame(const InFrame& f) {
     return on_request(f, *env);
   }
   // A publisher's stream: topic messages and heartbeats.
+  if (link && !linked_.empty()) {
+    auto moving = linked_.find(env->sender);
+    if (moving != linked_.end() && moving->second.moving) {
+      // Its handover has not come over ZeroMQ yet: this waits (copied: the ring moves on).
+      LinkedPublisher& lp = moving->second;
+      lp.waiting.push_back({std::string(f.channel),
+                            std::string(static_cast<const char*>(f.envelope), f.envelope_size),
+                            std::string(static_cast<const char*>(f.payload), f.payload_size)});
+      lp.bytes += f.envelope_size + f.payload_size;
+      if (lp.bytes > (std::size_t{64} << 20)) abandon_handover(env->sender, "64 MiB waited");
+      return;
+    }
+  }
   messages_read_ += std::max<uint32_t>(env->count, 1);
   if (env->sender == id_) return;
   if (!link) ++topic_frames_;
@@ -66,7 +79,7 @@ void Bridge::on_frame(const InFrame& f) {
   }
   if (kind == Kind::HEARTBEAT && f.channel == absl::string_view(kHeartbeatTopic)) {
     ++control_read_;
-    if (env->count == 1) on_heartbeat(*env, payloads.items()[0]);
+    if (env->count == 1) on_heartbeat(*env, payloads.items()[0], f.stream);
     return;
   }
   if (kind != Kind::PUBLISH) return on_malformed(from, absl::InvalidArgumentError("not a publish"));
@@ -94,7 +107,9 @@ void Bridge::on_publish(absl::string_view name, const EnvelopeFields& env,
 void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads) {
   // Per-sender sequence numbers: what was skipped was lost on the way (at-most-once), and is
   // counted rather than silent. A rejected frame advances them too: it arrived.
-  ledger_.arrived(env.sender, ch.name, env.seq, env.count, known(env.sender));
+  // Frames that came twice (over ZeroMQ and a new shared-memory link while the subscription
+  // moves from one to the other) are taken once: numbers below the next expected are skipped.
+  const uint32_t seen = ledger_.arrived(env.sender, ch.name, env.seq, env.count, known(env.sender));
   ChannelTraffic& t = traffic(ch.name, known(env.sender));
   if (env.type_id != ch.type_id) {
     t.rejected += env.count;
@@ -106,7 +121,8 @@ void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& pay
                           absl::Hex(ch.type_id), " (the two programs disagree on the type)"));
     return;
   }
-  for (auto payload : payloads.items()) {
+  for (std::size_t i = seen; i < payloads.items().size(); ++i) {
+    auto payload = payloads.items()[i];
     if (absl::Status st = ch.deliver(*this, payload); !st.ok()) {
       ++t.rejected;
       log_once(absl::StrCat("decode:", ch.name),
@@ -278,7 +294,8 @@ void Bridge::on_reply(const InFrame& f, EnvelopeFields& env) {
   settle();
 }
 
-void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::word> payload) {
+void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::word> payload,
+                          Stream stream) {
   try {
     capnp::FlatArrayMessageReader reader(payload, reader_options(limits_));
     auto hb = reader.getRoot<wire::Heartbeat>();
@@ -289,6 +306,18 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
     }
     // Everything it published before this heartbeat came first (one publisher, one pipe).
     ledger_.published(id, hb.getPublished(), subscribed_, known(id));
+    if (stream == Stream::kTopics && hb.hasHandover()) {
+      auto moving = linked_.find(id);
+      if (moving != linked_.end() && moving->second.moving) {
+        for (uint64_t n : hb.getHandover()) {
+          if (n != id_) continue;
+          // Everything it sent on ZeroMQ before its link took over came before this.
+          moving->second.moving = false;
+          moving->second.replay = true;
+          zmq_.unlisten(moving->second.endpoint);
+        }
+      }
+    }
     if (hb.getLeaving()) {
       forget_peer(id,
                   absl::AbortedError(
@@ -337,6 +366,7 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
       welcome(p);
     }
     if (changed) update_reachability();
+    if (hb.hasShm() && shm_.on() && !shm_.linked(id)) offer_link(id, hb);
   } catch (const kj::Exception& e) {
     on_malformed("subscriber", absl::InvalidArgumentError(describe(e)));
   }
@@ -355,6 +385,11 @@ void Bridge::welcome(PeerState& p) {
   }
   if (!p.request_endpoint.empty()) {
     p.route = zmq_.open_route(p.id, p.name, p.request_endpoint, p.public_key);
+  }
+  if (PeerRoute* link = shm_.route(p.id)) {  // linked before it was heard
+    p.route = link;
+    p.transport = TransportKind::kShm;
+    p.link = shm_.link_of(p.id);
   }
   next_heartbeat_ = Clock::now();  // answer a newcomer at once: it learns about us sooner
   // A node that restarted on the same address is a new node: the old one is gone. (After the

@@ -33,7 +33,11 @@ void Bridge::queue_publish(Bridged& channel, Outbox& out) {
   if (out.bytes.size() >= kMaxBatchBytes && !gate_.holding()) flush_publishes();
 }
 
-std::vector<Subscribers*> Bridge::subscribers_of(const OutFrame&) { return {&zmq_.publisher()}; }
+std::vector<Subscribers*> Bridge::subscribers_of(const OutFrame& frame) {
+  std::vector<Subscribers*> to{&zmq_.publisher()};
+  shm_.subscribers_of(frame, to);
+  return to;
+}
 
 void Bridge::publish_frame(OutFrame frame) {
   std::vector<Subscribers*> to = subscribers_of(frame);
@@ -88,7 +92,8 @@ bool Bridge::heartbeat(bool leaving) {
   OutFrame hb;
   hb.channel = kHeartbeatTopic;
   hb.envelope = encode_envelope(env);
-  hb.payload = heartbeat_payload(leaving);
+  hb.handover = shm_.handovers();
+  hb.payload = heartbeat_payload(leaving, hb.handover);
   // Like a topic frame, in order with them (its `published` counts on that): held while a
   // subscriber is full, at most send_stall_limit, then sent past it. A subscriber that is full
   // has our frames to read, and any frame proves us alive.
@@ -102,7 +107,7 @@ Clock::time_point Bridge::next_beat(Clock::time_point now) const {
   return Clock::time_point((now.time_since_epoch() / period + 1) * period);
 }
 
-std::string Bridge::heartbeat_payload(bool leaving) {
+std::string Bridge::heartbeat_payload(bool leaving, const std::vector<uint64_t>& handover) {
   capnp::MallocMessageBuilder builder;
   auto hb = builder.initRoot<wire::Heartbeat>();
   hb.setNode(id_);
@@ -112,6 +117,17 @@ std::string Bridge::heartbeat_payload(bool leaving) {
   hb.setLeaving(leaving);
   hb.setBatches(true);
   hb.setPublicKey(opt_.curve_keys().public_key);
+  hb.setPublishEndpoint(zmq_.publish_endpoint());
+  if (shm_.on()) {
+    const HostIdentity& host = HostIdentity::self();
+    auto shm = hb.initShm();
+    shm.setSocket(shm_socket_name(id_).substr(1));  // without the leading NUL
+    shm.setBootId(host.boot_id);
+    shm.setIpcNamespace(host.ipc_namespace);
+    shm.setNetNamespace(host.net_namespace);
+  }
+  auto h = hb.initHandover(static_cast<unsigned>(handover.size()));
+  for (unsigned i = 0; i < handover.size(); ++i) h.set(i, handover[i]);
   auto now = Clock::now();
   std::erase_if(goodbyes_, [&](const auto& g) { return now - g.second > std::chrono::seconds(5); });
   auto acks = hb.initGoodbyes(static_cast<unsigned>(goodbyes_.size()));
@@ -278,9 +294,10 @@ void Bridge::send_calls(PeerState& peer, Bridged& channel, std::string_view payl
   last_correlation_ += calls.size();
   ++counters_.request_frames;
   traffic(channel.name, peer.id).sent += calls.size();
+  const uint64_t link = peer.transport == TransportKind::kShm ? peer.link : 0;
   for (std::size_t i = 0; i < calls.size(); ++i) {
-    pending_.emplace(first + i,
-                     Pending{peer.id, &channel, calls[i].deadline, std::move(calls[i].pending)});
+    pending_.emplace(first + i, Pending{peer.id, &channel, calls[i].deadline,
+                                        std::move(calls[i].pending), link});
   }
 }
 
@@ -302,6 +319,7 @@ void Bridge::flush_batches() {
   flush_calls();
   replies_.flush([this](ReplyBatch& b) { send_reply_batch(b); });
   flush_publishes();
+  shm_.wake_written();  // once a pass, for all it wrote to each link
 }
 
 absl::Status Bridge::send(Bridged& channel, std::string payload) {
@@ -383,7 +401,11 @@ void Bridge::send_replies(const ReplyTo& to, std::string_view name, uint64_t rep
   } else {
     env.items = std::move(items);
   }
-  zmq_.reply(to.identity, name, encode_envelope(env), payloads, n);
+  if (to.link != 0) {
+    shm_.reply(to.link, name, encode_envelope(env), payloads, n);
+  } else {
+    zmq_.reply(to.identity, name, encode_envelope(env), payloads, n);
+  }
 }
 
 void Bridge::reply_unexported(const RemoteCall& call, absl::string_view name) {
@@ -403,6 +425,7 @@ void Bridge::update_subscriptions() {
     bool want = ch->wanted(*this);
     if (want == subscribed_.contains(name)) continue;
     zmq_.filter(name, want);
+    for (const auto& [node, lp] : linked_) shm_.subscribe(node, name, want);
     if (want) {
       subscribed_.insert(name);
     } else {
@@ -416,6 +439,7 @@ void Bridge::update_subscriptions() {
   for (const auto& [name, fn] : taps_) {
     if (subscribed_.contains(name) || !tapped_.insert(name).second) continue;
     zmq_.filter(name, true);  // "" (every topic) included
+    for (const auto& [node, lp] : linked_) shm_.subscribe(node, name, true);
   }
 }
 
@@ -424,8 +448,19 @@ void Bridge::check_peers() {
   // here (this thread was held up, or reads slower than they come) is not silent.
   const bool behind = zmq_.behind();
   std::vector<uint64_t> dead = peers_.silent(
-      [&](const PeerState& p) { return ZmqTransport::input_waiting(p, behind, topic_frames_); });
+      [&](const PeerState& p) {
+        return p.transport == TransportKind::kShm
+                   ? shm_.input_waiting(p.id)
+                   : ZmqTransport::input_waiting(p, behind, topic_frames_);
+      });
   ledger_.bound();
+  // A handover that does not come within dead_after heartbeats (the publisher's ZeroMQ
+  // connection to us is not up, say) is given up: its topics stay on ZeroMQ.
+  std::vector<uint64_t> stuck;
+  for (const auto& [node, lp] : linked_) {
+    if (lp.moving && Clock::now() - lp.since > opt_.dead_after_time()) stuck.push_back(node);
+  }
+  for (uint64_t node : stuck) abandon_handover(node, "no heartbeat naming this node came");
   for (uint64_t id : dead) {
     ++counters_.peers_lost;
     peers_.declared_dead(id);
@@ -544,6 +579,8 @@ std::vector<PeerInfo> Bridge::peers() const {
       i.channels.push_back(info(s, false));
     }
     i.since_heartbeat = duration_cast<milliseconds>(now - p.last_seen);
+    i.transport =
+        p.transport == TransportKind::kShm ? Transport::kSharedMemory : Transport::kZeroMq;
     out.push_back(std::move(i));
   }
   return out;
@@ -564,7 +601,9 @@ NodeStats Bridge::stats() const {
   return s;
 }
 
-std::size_t Bridge::subscribers(std::string_view topic) const { return zmq_.subscribers(topic); }
+std::size_t Bridge::subscribers(std::string_view topic) const {
+  return zmq_.subscribers(topic) + shm_.subscribers(topic);
+}
 
 bool Bridge::serves(std::string_view channel) const {
   for (const auto& [id, p] : peers_) {

@@ -86,6 +86,7 @@ struct OutFrame {
   std::string payload;
   uint32_t count = 0;              // messages (0: a heartbeat)
   const Bridged* topic = nullptr;  // a topic batch's channel
+  std::vector<uint64_t> handover;  // a heartbeat: the nodes its `handover` names
 };
 
 /// What a transport hands the bridge, on the bridge thread.

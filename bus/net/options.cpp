@@ -5,6 +5,8 @@
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
 
+#include <grp.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -104,6 +106,36 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
     } else if (key == "subscriber_timeout_ms") {
       if (auto s = number(n); !s.ok()) return s;
       o.subscriber_timeout(std::chrono::milliseconds(n));
+    } else if (key == "transport") {
+      if (value == "auto") {
+        o.transport(Transport::kAuto);
+      } else if (value == "zmq") {
+        o.transport(Transport::kZeroMq);
+      } else if (value == "shm") {
+        o.transport(Transport::kSharedMemory);
+      } else {
+        return fail("transport is auto, zmq or shm");
+      }
+    } else if (key == "shm_ring_bytes") {
+      if (auto s = number(n); !s.ok()) return s;
+      if (n < (64 << 10) || n > (uint64_t{1} << 30) || (n & (n - 1)) != 0) {
+        return fail("shm_ring_bytes needs a power of two from 65536 to 1073741824");
+      }
+      o.shm_ring_bytes(n);
+    } else if (key == "shm_heap_limit") {
+      if (auto s = number(n); !s.ok()) return s;
+      o.shm_heap_limit(n);
+    } else if (key == "shm_spin_us") {
+      if (auto s = number(n); !s.ok()) return s;
+      o.shm_spin(std::chrono::microseconds(n));
+    } else if (key == "shm_group") {
+      if (absl::SimpleAtoi(value, &n)) {
+        o.shm_group(static_cast<int>(n));
+      } else if (const group* g = ::getgrnam(value.c_str()); g != nullptr) {
+        o.shm_group(static_cast<int>(g->gr_gid));
+      } else {
+        return fail(absl::StrCat("shm_group: no group '", value, "'"));
+      }
     } else {
       return fail(absl::StrCat(
           "unknown key '", key,
@@ -111,7 +143,8 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
           "resolve_every_ms, etcd, etcd_prefix, etcd_register, etcd_related_only, heartbeat_ms, "
           "dead_after, "
           "max_message_bytes, traversal_limit_words, nesting_limit, curve_public, curve_secret, "
-          "allow, send_stall_limit_ms, subscription_queue, subscriber_timeout_ms)"));
+          "allow, send_stall_limit_ms, subscription_queue, subscriber_timeout_ms, transport, "
+          "shm_ring_bytes, shm_heap_limit, shm_spin_us, shm_group)"));
     }
   }
   if (keys.secret_key.empty() != keys.public_key.empty()) {

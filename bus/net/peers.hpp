@@ -50,6 +50,7 @@ struct PeerState {
   // Requests and queue messages go here; null: it takes none (it has no request socket).
   PeerRoute* route = nullptr;
   TransportKind transport = TransportKind::kZmq;        // what `route` and its frames to us use
+  uint64_t link = 0;                                    // the shared-memory link (kShm)
   absl::flat_hash_map<std::string, uint64_t> send_seq;  // queues: last seq sent to it per channel
   bool batches = false;          // its heartbeat says it reads request and reply batches
   std::vector<CallBatch> calls;  // requests to it not sent yet, a batch per endpoint and principal

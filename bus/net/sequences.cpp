@@ -1,5 +1,7 @@
 #include "sequences.hpp"
 
+#include <algorithm>
+
 namespace bus::net::detail {
 
 ChannelTraffic& row(TrafficRows& rows, const std::string& channel, uint64_t peer) {
@@ -39,11 +41,16 @@ void SequenceLedger::gap(const std::string& channel, SeqState& s, uint64_t lost,
   traffic(channel, row_peer).gaps += lost;
 }
 
-void SequenceLedger::arrived(uint64_t sender, const std::string& channel, uint64_t seq,
-                             uint32_t count, uint64_t row_peer) {
+uint32_t SequenceLedger::arrived(uint64_t sender, const std::string& channel, uint64_t seq,
+                                 uint32_t count, uint64_t row_peer) {
   SeqState& s = state(sender, channel);
+  uint32_t seen = 0;
+  if (s.expected != 0 && seq < s.expected) {
+    seen = static_cast<uint32_t>(std::min<uint64_t>(count, s.expected - seq));
+  }
   if (s.expected != 0 && seq > s.expected) gap(channel, s, seq - s.expected, row_peer);
   if (seq + count > s.expected) s.expected = seq + count;
+  return seen;
 }
 
 void SequenceLedger::published(uint64_t sender,

@@ -42,9 +42,9 @@ class SequenceLedger {
 
   /// `count` messages numbered from `seq` arrived from `sender` on `channel`: what was skipped
   /// before them was lost on the way (at-most-once) and is counted as gaps on the row of
-  /// `row_peer`.
-  void arrived(uint64_t sender, const std::string& channel, uint64_t seq, uint32_t count,
-               uint64_t row_peer);
+  /// `row_peer`. Returns how many of them (the first ones) arrived before: take the rest only.
+  uint32_t arrived(uint64_t sender, const std::string& channel, uint64_t seq, uint32_t count,
+                   uint64_t row_peer);
   /// A heartbeat's `published` from `sender`: numbers below those that never arrived are gaps too,
   /// on the topics in `subscribed` (a topic we do not take has no gaps).
   void published(uint64_t sender, const capnp::List<wire::TopicSeq>::Reader& published,

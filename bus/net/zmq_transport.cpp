@@ -359,6 +359,11 @@ PeerRoute* ZmqTransport::open_route(uint64_t peer, const std::string& name,
   return r.get();
 }
 
+PeerRoute* ZmqTransport::route(uint64_t peer) {
+  auto it = routes_.find(peer);
+  return it == routes_.end() ? nullptr : it->second.get();
+}
+
 void ZmqTransport::close_route(uint64_t peer) {
   auto it = routes_.find(peer);
   if (it == routes_.end()) return;

@@ -80,6 +80,8 @@ class ZmqTransport {
                         const std::string& public_key);
   /// Closes the DEALER to `peer`; what its backlog still held is counted as refused.
   void close_route(uint64_t peer);
+  /// The DEALER to `peer` (null: none).
+  PeerRoute* route(uint64_t peer);
   /// Queues a reply frame for the ROUTER (in order behind those waiting for room).
   void reply(const std::string& identity, std::string_view channel, const std::string& envelope,
              std::string_view payload, std::size_t replies);

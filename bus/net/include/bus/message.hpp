@@ -56,7 +56,90 @@ class ScratchBuilder {
 
 namespace detail {
 struct MessageAccess;
+
+/// Message buffers this large or larger come from the process's shared-memory heap once a node
+/// that shares memory with peers on its host runs (bus/net/shm_heap.hpp): sending one to such a
+/// peer then copies nothing, the peer reads the builder's bytes in place. Smaller ones are
+/// copied through the link's ring, which costs less than sharing a block.
+inline constexpr std::size_t kSharedBufferBytes = 16 * 1024;
+/// The shared-memory heap's block when it is on and has room, else the pool's.
+void* alloc_shared_buffer(std::size_t bytes);
+void free_shared_buffer(void* p, std::size_t bytes);
+inline void* alloc_buffer(std::size_t bytes) {
+  return bytes < kSharedBufferBytes ? pool_alloc(bytes) : alloc_shared_buffer(bytes);
 }
+inline void free_buffer(void* p, std::size_t bytes) {
+  if (bytes < kSharedBufferBytes) {
+    pool_free(p, bytes);
+  } else {
+    free_shared_buffer(p, bytes);
+  }
+}
+
+/// Keeps alive words that a message reads but does not own (a peer's shared memory): released
+/// once, when the last copy of the message goes, on whichever thread that is.
+class WordsKeeper {
+ public:
+  virtual void release() noexcept = 0;
+
+ protected:
+  ~WordsKeeper() = default;
+};
+
+/// The untyped start of every message's State: what holding a message takes, whatever its type.
+struct alignas(capnp::word) BufferHead {
+  std::atomic<uint32_t> refs;
+  uint32_t spare;              // words allocated after the message's own (copy_within's bound)
+  std::size_t words;           // stream header included
+  const capnp::word* data;     // the stream header, then the segment
+  WordsKeeper* keeper;         // null: the words follow the State, in its own buffer
+};
+/// Every Message<S>'s State: the head, then a typed reader (the same size for every S).
+inline constexpr std::size_t kStateBytes = sizeof(BufferHead) + sizeof(capnp::_::StructReader);
+static_assert(kStateBytes % sizeof(capnp::word) == 0, "the words after a State stay aligned");
+
+/// Drops one reference to `h`; the last frees the buffer (or lets its keeper go).
+inline void release_buffer(BufferHead* h) noexcept {
+  // acq_rel: the last owner must see every other owner's reads done before it frees.
+  if (h->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (h->keeper != nullptr) {
+    h->keeper->release();
+    pool_free(h, kStateBytes);
+  } else {
+    free_buffer(h, kStateBytes + (h->words + h->spare) * sizeof(capnp::word));
+  }
+}
+
+/// A message held without its type: the bridge holds what a peer reads in place this way.
+class MessageRef {
+ public:
+  MessageRef() = default;
+  explicit MessageRef(BufferHead* h) noexcept : h_(h) {
+    if (h_) h_->refs.fetch_add(1, std::memory_order_relaxed);  // a new owner only
+  }
+  MessageRef(const MessageRef& o) noexcept : MessageRef(o.h_) {}
+  MessageRef(MessageRef&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
+  MessageRef& operator=(MessageRef o) noexcept {
+    std::swap(h_, o.h_);
+    return *this;
+  }
+  ~MessageRef() {
+    if (h_) release_buffer(h_);
+  }
+  explicit operator bool() const { return h_ != nullptr; }
+  /// The message in stream framing.
+  kj::ArrayPtr<const capnp::word> words() const { return kj::arrayPtr(h_->data, h_->words); }
+  /// The allocation that holds it (the State, then the words), when it owns its words.
+  const void* buffer() const { return h_; }
+  std::size_t buffer_bytes() const {
+    return kStateBytes + (h_->words + h_->spare) * sizeof(capnp::word);
+  }
+  bool owns_words() const { return h_->keeper == nullptr; }
+
+ private:
+  BufferHead* h_ = nullptr;
+};
+}  // namespace detail
 
 /// An immutable, ref-counted Cap'n Proto message of struct `S`: the flat words plus a typed
 /// reader. Copies share one buffer, so every local subscriber reads the same bytes, and the
@@ -81,12 +164,12 @@ class Message {
   /// Copies `root` (and everything it points to) into a new message.
   explicit Message(Reader root) {
     std::size_t words = root.totalSize().wordCount + 1;  // + the root pointer
-    void* mem = detail::pool_alloc(buffer_bytes(words));
+    void* mem = detail::alloc_buffer(buffer_bytes(words));
     std::memset(segment_of(mem), 0, words * sizeof(capnp::word));
     try {
       capnp::copyToUnchecked(root, kj::arrayPtr(segment_of(mem), words));
     } catch (...) {
-      detail::pool_free(mem, buffer_bytes(words));
+      detail::free_buffer(mem, buffer_bytes(words));
       throw;
     }
     adopt(mem, words, 0);
@@ -100,12 +183,7 @@ class Message {
     return *this;
   }
   ~Message() {
-    // acq_rel: the last owner must see every other owner's reads done before it frees.
-    if (state_ && state_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::size_t bytes = buffer_bytes(state_->words - 1 + state_->spare);
-      state_->~State();
-      detail::pool_free(state_, bytes);
-    }
+    if (state_) detail::release_buffer(state_);
   }
 
   const Reader* operator->() const { return &state_->root; }
@@ -115,7 +193,7 @@ class Message {
   /// The message in Cap'n Proto's stream framing (what `capnp decode` and every Cap'n Proto
   /// library read).
   kj::ArrayPtr<const capnp::word> words() const {
-    return kj::arrayPtr(reinterpret_cast<const capnp::word*>(state_ + 1), state_->words);
+    return kj::arrayPtr(state_->data, state_->words);
   }
   kj::ArrayPtr<const kj::byte> bytes() const { return words().asBytes(); }
 
@@ -124,7 +202,7 @@ class Message {
   /// Takes a builder's only segment as it is: a one-segment builder has no far pointers and its
   /// root pointer first, which is the unchecked layout. One copy, no traversal (build() uses it).
   static Message from_segment(kj::ArrayPtr<const capnp::word> segment) {
-    void* mem = detail::pool_alloc(buffer_bytes(segment.size()));
+    void* mem = detail::alloc_buffer(buffer_bytes(segment.size()));
     std::memcpy(segment_of(mem), segment.begin(), segment.size() * sizeof(capnp::word));
     Message m(Adopt{});
     m.adopt(mem, segment.size(), 0);
@@ -138,7 +216,7 @@ class Message {
   /// that points into one object more than once (bounded by the traversal limit) grows.
   static std::optional<Message> copy_within(Reader root, std::size_t bound) {
     std::size_t capacity = bound + 1;  // + the root pointer
-    void* mem = detail::pool_alloc(buffer_bytes(capacity));
+    void* mem = detail::alloc_buffer(buffer_bytes(capacity));
     std::memset(segment_of(mem), 0, capacity * sizeof(capnp::word));  // a builder's is zeroed
     std::size_t words;
     try {
@@ -146,11 +224,20 @@ class Message {
       builder.setRoot(root);
       words = builder.getSegmentsForOutput()[0].size();
     } catch (const kj::Exception&) {
-      detail::pool_free(mem, buffer_bytes(capacity));
+      detail::free_buffer(mem, buffer_bytes(capacity));
       return std::nullopt;
     }
     Message m(Adopt{});
     m.adopt(mem, words, capacity - words);
+    return m;
+  }
+  /// A message that reads `payload` (stream framing, one segment, checked by the caller as
+  /// readable unchecked) where it is, kept alive by `keeper` (released with the last copy).
+  static Message view(kj::ArrayPtr<const capnp::word> payload, detail::WordsKeeper* keeper) {
+    void* mem = detail::pool_alloc(sizeof(State));
+    Message m(Adopt{});
+    m.state_ = ::new (mem) State{{{1}, 0, payload.size(), payload.begin(), keeper},
+                                 capnp::readMessageUnchecked<S>(payload.begin() + 1)};
     return m;
   }
   /// One allocation per message: the State, then the stream header (one word), then room for
@@ -168,18 +255,15 @@ class Message {
     auto* header = reinterpret_cast<uint32_t*>(segment - 1);
     header[0] = 0;  // one segment
     header[1] = static_cast<uint32_t>(words);
-    state_ = ::new (mem) State{
-        {1}, static_cast<uint32_t>(spare), capnp::readMessageUnchecked<S>(segment), words + 1};
+    state_ = ::new (mem) State{{{1}, static_cast<uint32_t>(spare), words + 1, segment - 1, nullptr},
+                               capnp::readMessageUnchecked<S>(segment)};
   }
   struct Adopt {};
   explicit Message(Adopt) noexcept {}  // no buffer yet: adopt() sets it
-  struct alignas(capnp::word) State {
-    std::atomic<uint32_t> refs;
-    uint32_t spare;  // words allocated after the message's own (copy_within's unused bound)
+  struct State : detail::BufferHead {
     Reader root;
-    std::size_t words;  // stream header included; they follow this struct
   };
-  static_assert(sizeof(State) % sizeof(capnp::word) == 0, "the words after State stay aligned");
+  static_assert(sizeof(State) == detail::kStateBytes, "every State is the same size");
   State* state_ = nullptr;
 };
 
@@ -188,6 +272,16 @@ struct MessageAccess {
   template <class S>
   static Message<S> from_segment(kj::ArrayPtr<const capnp::word> segment) {
     return Message<S>::from_segment(segment);
+  }
+  /// See Message::view.
+  template <class S>
+  static Message<S> view(kj::ArrayPtr<const capnp::word> payload, WordsKeeper* keeper) {
+    return Message<S>::view(payload, keeper);
+  }
+  /// `m` held without its type.
+  template <class S>
+  static MessageRef ref(const Message<S>& m) {
+    return MessageRef(m.state_);
   }
   /// What `builder` holds: its words as they are when it has one segment, else copied whole.
   template <class S>

@@ -20,6 +20,14 @@ struct CurveKeys {
   static CurveKeys generate();
 };
 
+/// How a node reaches its peers (NodeOptions::transport).
+enum class Transport {
+  kAuto,          // shared memory with peers on this host, ZeroMQ with the others (the default)
+  kZeroMq,        // ZeroMQ with every peer
+  kSharedMemory,  // as kAuto, but a link that fails is tried again at every heartbeat instead of
+                  // leaving that peer on ZeroMQ
+};
+
 /// Another node to listen to: the endpoint its publisher binds (`tcp://host:port`, `ipc://path`)
 /// and, when CURVE is on, its public key.
 struct Peer {
@@ -155,6 +163,43 @@ class NodeOptions {
     return *this;
   }
 
+  /// How peers are reached. kAuto: a peer on this host (same kernel boot, IPC and network
+  /// namespaces) is linked over shared memory when both nodes take links and run as one user (or
+  /// share shm_group()), the others over ZeroMQ; a link that cannot be made leaves that peer on
+  /// ZeroMQ (logged, counted). kZeroMq: never shared memory. A node with CURVE on uses ZeroMQ
+  /// only: shared memory authenticates by user, not by key.
+  NodeOptions& transport(Transport t) {
+    transport_ = t;
+    return *this;
+  }
+  /// Each end's ring of a shared-memory link (bytes, a power of two, 64 KiB to 1 GiB): what a
+  /// reader may fall behind by before it counts as full (send_stall_limit, then passed over).
+  /// Reserved when the link is made. Default 256 KiB.
+  NodeOptions& shm_ring_bytes(std::size_t bytes) {
+    shm_ring_bytes_ = bytes;
+    return *this;
+  }
+  /// The most the process's shared-memory heap may grow to: large messages (16 KiB and more)
+  /// are built there, so that peers on this host read them in place. It grows as needed, each
+  /// piece reserved when made. Default 512 MiB; a process takes the largest any of its nodes asks.
+  NodeOptions& shm_heap_limit(std::size_t bytes) {
+    shm_heap_limit_ = bytes;
+    return *this;
+  }
+  /// How long a reader of shared memory polls before it sleeps (in poll(2) or on a futex): the
+  /// latency of a message that comes while it polls is a cache-line transfer, after it a wake-up.
+  /// Default 50 us; an idle link costs nothing once it sleeps.
+  NodeOptions& shm_spin(std::chrono::microseconds spin) {
+    shm_spin_ = spin;
+    return *this;
+  }
+  /// Lets processes of group `gid` link too (segments 0640, of that group). Default -1: only
+  /// processes of this node's user (segments 0600).
+  NodeOptions& shm_group(int gid) {
+    shm_group_ = gid;
+    return *this;
+  }
+
   /// Reads options from a small config text, one `key = value` per line. `#` comments a line
   /// that starts with it, or the rest of a line after a value and a blank; a '#' in a value
   /// (Z85 keys have them) is kept:
@@ -169,6 +214,8 @@ class NodeOptions {
   ///   max_message_bytes = 1048576     traversal_limit_words = 8388608   nesting_limit = 64
   ///   curve_public = ...              curve_secret = ...          allow = <key> (one per line)
   ///   send_stall_limit_ms = 100       subscription_queue = 64       subscriber_timeout_ms = 0
+  ///   transport = auto|zmq|shm        shm_ring_bytes = 262144       shm_heap_limit = 536870912
+  ///   shm_spin_us = 50                shm_group = <group name or gid>
   /// InvalidArgument names the line and what is wrong with it.
   static absl::StatusOr<NodeOptions> parse(std::string_view config);
   /// parse() of a file's contents; NotFound when it cannot be read.
@@ -198,6 +245,13 @@ class NodeOptions {
   std::chrono::milliseconds send_stall_limit() const { return stall_limit_; }
   int subscription_queue() const { return subscription_queue_; }
   std::chrono::milliseconds subscriber_timeout() const { return subscriber_timeout_; }
+  Transport transport() const { return transport_; }
+  /// Whether this node takes shared-memory links (not with CURVE, nor when told kZeroMq).
+  bool shares_memory() const { return transport_ != Transport::kZeroMq && !secure(); }
+  std::size_t shm_ring_bytes() const { return shm_ring_bytes_; }
+  std::size_t shm_heap_limit() const { return shm_heap_limit_; }
+  std::chrono::microseconds shm_spin() const { return shm_spin_; }
+  int shm_group() const { return shm_group_; }
 
  private:
   std::string name_ = "node";
@@ -221,6 +275,11 @@ class NodeOptions {
   std::chrono::milliseconds stall_limit_{100};
   int subscription_queue_ = 64;
   std::chrono::milliseconds subscriber_timeout_{0};
+  Transport transport_ = Transport::kAuto;
+  std::size_t shm_ring_bytes_ = 256 * 1024;
+  std::size_t shm_heap_limit_ = std::size_t{512} << 20;
+  std::chrono::microseconds shm_spin_{50};
+  int shm_group_ = -1;
 };
 
 }  // namespace bus::net

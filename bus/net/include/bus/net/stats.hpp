@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bus/net/options.hpp"
 #include "bus/stats.hpp"
 
 namespace bus::net {
@@ -30,7 +31,13 @@ struct PeerInfo {
   std::vector<std::string> imports;  // topics it subscribes to
   std::chrono::milliseconds since_heartbeat{0};
   std::vector<ChannelInfo> channels;  // serves and imports, with their types
+  Transport transport = Transport::kZeroMq;  // kSharedMemory while a link to it is up
 };
+
+/// "zmq" or "shm", as busctl, $bus.stats and /metrics name a peer's transport.
+inline const char* transport_name(Transport t) {
+  return t == Transport::kSharedMemory ? "shm" : "zmq";
+}
 
 /// Traffic of one channel with one peer (`peer` 0: peers that are gone, folded together).
 struct ChannelTraffic {
@@ -78,6 +85,13 @@ struct NodeStats {
   uint64_t etcd_registrations = 0;
   uint64_t etcd_errors = 0;
   uint64_t dns_errors = 0;
+  // Shared memory with peers on this host.
+  uint64_t shm_links = 0;
+  uint64_t shm_handovers = 0;
+  uint64_t shm_refused = 0;
+  uint64_t shm_corrupt = 0;
+  uint64_t shm_torn_frames = 0;
+  uint64_t shm_heap_full = 0;
 
   /// Sums over peers for `channel`.
   ChannelTraffic channel(std::string_view channel) const;
@@ -125,6 +139,22 @@ inline constexpr NodeFigure kNodeFigures[] = {
     {"etcd_errors", "Failed etcd calls and watch streams, and registrations that did not decode.",
      &NodeStats::etcd_errors},
     {"dns_errors", "Failed resolutions of peers given by host name.", &NodeStats::dns_errors},
+    {"shm_links", "Shared-memory links made with peers on this host.", &NodeStats::shm_links},
+    {"shm_handovers",
+     "Publishers whose topics moved from ZeroMQ to a shared-memory link (nothing lost or twice).",
+     &NodeStats::shm_handovers},
+    {"shm_refused",
+     "Shared-memory links that could not be made (the peer stays on ZeroMQ), or were refused.",
+     &NodeStats::shm_refused},
+    {"shm_corrupt",
+     "Shared-memory links dropped because the other end wrote what does not read as frames.",
+     &NodeStats::shm_corrupt},
+    {"shm_torn_frames",
+     "Frames a peer died writing: never read, what they held is counted as gaps.",
+     &NodeStats::shm_torn_frames},
+    {"shm_heap_full",
+     "Large messages that found no room in the shared-memory heap (held, then passed over).",
+     &NodeStats::shm_heap_full},
 };
 
 using TrafficFigure = Figure<ChannelTraffic>;
