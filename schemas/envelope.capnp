@@ -84,10 +84,10 @@ struct Heartbeat {
                                # gaps, even when nothing follows them (the tail of a stream)
   publishEndpoint @12 :Text;   # where its publisher listens, as bound (or advertised)
   shm @13 :SharedMemory;       # set when it takes shared-memory links from nodes on its host
-  handover @14 :List(UInt64);  # nodes that subscribed to its heartbeats over a shared-memory
-                               # link: from this heartbeat on, that link carries everything the
-                               # node publishes for them (it is the first frame on it), and what
-                               # came before it came over ZeroMQ (§15)
+  handover @14 :List(UInt64);  # nodes that take its heartbeats over a shared-memory link: the
+                               # first heartbeat naming one is the first frame on that link, and
+                               # everything it published before that went over ZeroMQ only; a
+                               # node moves at the first one that reaches it over ZeroMQ (§15)
 }
 
 # How to reach a node over shared memory (docs/wire-protocol.md §15): connect to `socket`, if

@@ -179,6 +179,16 @@ void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
     auto& sources = it->second;
     if (!now.contains(it->first) && sources.erase(source) > 0 && sources.empty()) {
       zmq_.unlisten(it->first);
+      // Listened to over a shared-memory link instead: not any more (the link stays, for
+      // requests, but its heartbeats stop coming, and so it is declared dead like any).
+      std::vector<uint64_t> by_link;
+      for (const auto& [node, lp] : linked_) {
+        if (lp.endpoint == it->first) by_link.push_back(node);
+      }
+      for (uint64_t node : by_link) {
+        for (const std::string& f : topic_filters()) shm_.subscribe(node, f, false);
+        linked_.erase(node);
+      }
       ++counters_.members_dropped;
       found_.erase(it);
     }

@@ -176,7 +176,7 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   // FrameSink
   void on_frame(const InFrame& frame) override;
   void on_malformed(absl::string_view from, const absl::Status& why) override;
-  void on_subscription(const std::string& topic, bool added) override;
+  void on_subscription(const std::string& topic, bool added, bool link) override;
   std::size_t messages_read() const override { return messages_read_; }
   NodeStats& counters() override { return counters_; }
   void log_once(const std::string& key, const std::string& what) override;
@@ -190,8 +190,10 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
                     Stream stream);
   /// A "$bus.stats" request: answers this node's figures.
   void serve_stats(const RemoteCall& call);
-  /// Delivers payloads of a publish or send, counting sequence gaps per (sender, channel).
-  void deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads);
+  /// Delivers payloads of a publish or send (the first `take` of them), counting sequence gaps
+  /// per (sender, channel).
+  void deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads,
+               uint32_t take = UINT32_MAX);
   /// A new peer was heard: how to send it requests, and whether it replaced an older run.
   void welcome(PeerState& p);
   /// A heartbeat says its node takes shared-memory links: link to it if it is on this host.
@@ -319,21 +321,26 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> found_;
   absl::flat_hash_set<std::string> static_peers_;
   /// A publisher listened to over its shared-memory link instead of ZeroMQ. Its topics move
-  /// over without a loss or a duplicate: the link's topic frames wait here until the
-  /// publisher's heartbeat that names this node (its handover) comes over ZeroMQ, behind
-  /// everything it sent there before; then the subscriber socket lets go of it and the waiting
-  /// frames are read (what ZeroMQ brought twice is skipped by its sequence numbers).
+  /// without a loss, a duplicate or a reordering. The link carries nothing of them before the
+  /// publisher's first heartbeat naming this node (`handover`), and everything after it; ZeroMQ
+  /// carries everything until this node lets go of it. While it moves, topic frames from both
+  /// wait here; when a heartbeat naming this node comes over ZeroMQ (behind everything ZeroMQ
+  /// brought before), the subscriber socket lets go, and per topic the ZeroMQ frames below the
+  /// link's first number (its first heartbeat's `published`) are read, then the link's frames.
   struct LinkedPublisher {
     std::string endpoint;  // what the subscriber socket was (and is again, when the link goes)
     bool moving = true;    // until the handover
-    bool replay = false;   // the handover came: read `waiting` after this read step
+    bool replay = false;   // the handover came: read what waits after this read step
     Clock::time_point since;
     struct Frame {
       std::string channel, envelope, payload;
     };
-    std::deque<Frame> waiting;
+    std::deque<Frame> zmq, link;  // what waits, from each
     std::size_t bytes = 0;
   };
+  /// A topic frame of a publisher in `linked_`: true when it waits (or, a ZeroMQ copy of one
+  /// that moved, is dropped); false when it is read now.
+  bool handover_takes(const InFrame& f, const EnvelopeFields& env);
   absl::flat_hash_map<uint64_t, LinkedPublisher> linked_;  // by publisher node
   /// Reads the link frames that waited for a handover that came.
   void replay_handovers();

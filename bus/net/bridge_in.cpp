@@ -32,7 +32,8 @@ void Bridge::log_once(const std::string& key, const std::string& what) {
   std::fprintf(stderr, "bus.net[%s]: %s\n", opt_.name().c_str(), what.c_str());
 }
 
-void Bridge::on_subscription(const std::string& topic, bool added) {
+void Bridge::on_subscription(const std::string& topic, bool added, bool link) {
+  if (!added && !link) shm_.left_zmq(topic);
   // A node just subscribed to heartbeats: tell it about us now rather than a period later.
   if (added && topic == kHeartbeatTopic) next_heartbeat_ = Clock::now();
   changed();
@@ -50,19 +51,9 @@ void Bridge::on_frame(const InFrame& f) {
     return on_request(f, *env);
   }
   // A publisher's stream: topic messages and heartbeats.
-  if (link && !linked_.empty()) {
-    auto moving = linked_.find(env->sender);
-    if (moving != linked_.end() && moving->second.moving) {
-      // Its handover has not come over ZeroMQ yet: this waits (copied: the ring moves on).
-      LinkedPublisher& lp = moving->second;
-      lp.waiting.push_back({std::string(f.channel),
-                            std::string(static_cast<const char*>(f.envelope), f.envelope_size),
-                            std::string(static_cast<const char*>(f.payload), f.payload_size)});
-      lp.bytes += f.envelope_size + f.payload_size;
-      if (lp.bytes > (std::size_t{64} << 20)) abandon_handover(env->sender, "64 MiB waited");
-      return;
-    }
-  }
+  fprintf(stderr, "frame %s seq=%lu count=%u stream=%d linked=%d\n", std::string(f.channel).c_str(),
+          env->seq, env->count, (int)f.stream, (int)linked_.contains(env->sender));
+  if (!linked_.empty() && handover_takes(f, *env)) return;
   messages_read_ += std::max<uint32_t>(env->count, 1);
   if (env->sender == id_) return;
   if (!link) ++topic_frames_;
@@ -104,15 +95,17 @@ void Bridge::on_publish(absl::string_view name, const EnvelopeFields& env,
   if (!tapped) ++counters_.unknown_channel;
 }
 
-void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads) {
+void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& payloads,
+                     uint32_t take) {
   // Per-sender sequence numbers: what was skipped was lost on the way (at-most-once), and is
   // counted rather than silent. A rejected frame advances them too: it arrived.
-  // Frames that came twice (over ZeroMQ and a new shared-memory link while the subscription
-  // moves from one to the other) are taken once: numbers below the next expected are skipped.
-  const uint32_t seen = ledger_.arrived(env.sender, ch.name, env.seq, env.count, known(env.sender));
+  // A number that came before is not taken again (a frame that came both ways while a
+  // publisher moved to a link would be: see LinkedPublisher).
+  take = std::min(take, env.count);
+  const uint32_t seen = ledger_.arrived(env.sender, ch.name, env.seq, take, known(env.sender));
   ChannelTraffic& t = traffic(ch.name, known(env.sender));
   if (env.type_id != ch.type_id) {
-    t.rejected += env.count;
+    t.rejected += take;
     const PeerState* peer = peers_.find(env.sender);
     log_once(absl::StrCat("type:", ch.name, ":", env.sender),
              absl::StrCat("rejected messages on '", ch.name, "' from node ",
@@ -121,7 +114,7 @@ void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& pay
                           absl::Hex(ch.type_id), " (the two programs disagree on the type)"));
     return;
   }
-  for (std::size_t i = seen; i < payloads.items().size(); ++i) {
+  for (std::size_t i = seen; i < std::min<std::size_t>(take, payloads.items().size()); ++i) {
     auto payload = payloads.items()[i];
     if (absl::Status st = ch.deliver(*this, payload); !st.ok()) {
       ++t.rejected;
@@ -304,18 +297,18 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
     for (uint64_t acked : hb.getGoodbyes()) {
       if (acked == id_) goodbye_acks_.insert(id);
     }
-    // Everything it published before this heartbeat came first (one publisher, one pipe).
-    ledger_.published(id, hb.getPublished(), subscribed_, known(id));
-    if (stream == Stream::kTopics && hb.hasHandover()) {
-      auto moving = linked_.find(id);
-      if (moving != linked_.end() && moving->second.moving) {
-        for (uint64_t n : hb.getHandover()) {
-          if (n != id_) continue;
-          // Everything it sent on ZeroMQ before its link took over came before this.
-          moving->second.moving = false;
-          moving->second.replay = true;
-          zmq_.unlisten(moving->second.endpoint);
-        }
+    // Everything it published before this heartbeat came first (one publisher, one pipe), but
+    // for a publisher moving to a link: its topic frames wait, and its link's heartbeats count.
+    auto moving = linked_.find(id);
+    if (moving == linked_.end() || !moving->second.moving) {
+      ledger_.published(id, hb.getPublished(), subscribed_, known(id));
+    } else if (stream == Stream::kTopics) {
+      for (uint64_t n : hb.getHandover()) {
+        if (n != id_) continue;
+        // Its link carries everything from here; ZeroMQ brought all it sent before.
+        moving->second.moving = false;
+        moving->second.replay = true;
+        zmq_.unlisten(moving->second.endpoint);
       }
     }
     if (hb.getLeaving()) {

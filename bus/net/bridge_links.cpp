@@ -3,6 +3,7 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
+#include <capnp/serialize.h>
 
 #include "bridge.hpp"
 
@@ -88,14 +89,74 @@ void Bridge::on_link_up(uint64_t link, uint64_t peer, const std::string& publish
   changed();
 }
 
+bool Bridge::handover_takes(const InFrame& f, const EnvelopeFields& env) {
+  auto it = linked_.find(env.sender);
+  if (it == linked_.end()) return false;
+  LinkedPublisher& lp = it->second;
+  const bool link = f.stream == Stream::kLink;
+  // Moved: what ZeroMQ still brings came over the link too. Until what waited is read (at the
+  // end of this read step), the link's frames wait behind it.
+  if (!lp.moving && (!lp.replay || !link)) return !link;
+  // Heartbeats over ZeroMQ are read now (liveness, and the one that names this node), without
+  // their `published`; topic frames of either way wait, copied (the ring moves on).
+  if (lp.moving && !link && env.kind == wire::Envelope::Kind::HEARTBEAT) return false;
+  (link ? lp.link : lp.zmq)
+      .push_back({std::string(f.channel),
+                  std::string(static_cast<const char*>(f.envelope), f.envelope_size),
+                  std::string(static_cast<const char*>(f.payload), f.payload_size)});
+  lp.bytes += f.envelope_size + f.payload_size;
+  if (lp.bytes > (std::size_t{64} << 20)) abandon_handover(env.sender, "64 MiB waited");
+  return true;
+}
+
 void Bridge::replay_handovers() {
   for (auto& [node, lp] : linked_) {
     if (!lp.replay) continue;
     lp.replay = false;
-    std::deque<LinkedPublisher::Frame> frames = std::move(lp.waiting);
-    lp.waiting.clear();
+    auto zmq = std::move(lp.zmq);
+    auto link = std::move(lp.link);
+    lp.zmq.clear();
+    lp.link.clear();
     lp.bytes = 0;
-    for (const auto& w : frames) {
+    // Where the link starts, per topic: its first frame is the heartbeat that named us, whose
+    // `published` says the number each topic's next message took.
+    absl::flat_hash_map<std::string, uint64_t> link_starts;
+    bool known_start = false;
+    if (!link.empty()) {
+      absl::StatusOr<EnvelopeFields> env =
+          decode_envelope(link.front().envelope.data(), link.front().envelope.size());
+      if (env.ok() && env->kind == wire::Envelope::Kind::HEARTBEAT &&
+          payloads_.parse(link.front().payload.data(), link.front().payload.size(), 1, limits_)
+              .ok()) {
+        try {
+          capnp::FlatArrayMessageReader reader(payloads_.items()[0], reader_options(limits_));
+          for (auto t : reader.getRoot<wire::Heartbeat>().getPublished()) {
+            link_starts[t.getChannel().cStr()] = t.getNext();
+          }
+          known_start = true;
+        } catch (const kj::Exception&) {
+        }
+      }
+    }
+    // ZeroMQ's frames below the link's start, then the link's (from its start on, complete).
+    for (const auto& w : zmq) {
+      absl::StatusOr<EnvelopeFields> env = decode_envelope(w.envelope.data(), w.envelope.size());
+      if (!env.ok() ||
+          !payloads_.parse(w.payload.data(), w.payload.size(), env->count, limits_).ok()) {
+        on_malformed("subscriber", absl::InvalidArgumentError("a topic frame that does not read"));
+        continue;
+      }
+      auto start = link_starts.find(w.channel);
+      uint64_t limit = !known_start ? UINT64_MAX : start == link_starts.end() ? 1 : start->second;
+      if (env->seq >= limit) continue;  // the link has it
+      messages_read_ += env->count;
+      peers_.heard(env->sender, topic_frames_);
+      auto it = import_topics_.find(w.channel);
+      if (it == import_topics_.end()) continue;
+      deliver(*it->second, *env, payloads_,
+              static_cast<uint32_t>(std::min<uint64_t>(env->count, limit - env->seq)));
+    }
+    for (const auto& w : link) {
       InFrame f;
       f.stream = Stream::kLink;
       f.channel = w.channel;
@@ -112,9 +173,21 @@ void Bridge::replay_handovers() {
 void Bridge::abandon_handover(uint64_t node, const char* why) {
   auto it = linked_.find(node);
   if (it == linked_.end() || !it->second.moving) return;
-  // What waited came over ZeroMQ too (still subscribed there): dropped.
+  // What waited from the link came over ZeroMQ too (still subscribed there): dropped. What
+  // waited from ZeroMQ is read now.
   for (const std::string& f : topic_filters()) shm_.subscribe(node, f, false);
+  auto zmq = std::move(it->second.zmq);
   linked_.erase(it);
+  for (const auto& w : zmq) {
+    InFrame f;
+    f.stream = Stream::kTopics;
+    f.channel = w.channel;
+    f.envelope = w.envelope.data();
+    f.envelope_size = w.envelope.size();
+    f.payload = w.payload.data();
+    f.payload_size = w.payload.size();
+    on_frame(f);
+  }
   log_once(absl::StrCat("handover:", node),
            absl::StrCat("node ", absl::Hex(node),
                         "'s topics stay on ZeroMQ: its handover to shared memory did not come (",

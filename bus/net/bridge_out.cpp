@@ -447,12 +447,11 @@ void Bridge::check_peers() {
   // Silence counts only while we keep up with what arrives: a peer whose frames wait unread
   // here (this thread was held up, or reads slower than they come) is not silent.
   const bool behind = zmq_.behind();
-  std::vector<uint64_t> dead = peers_.silent(
-      [&](const PeerState& p) {
-        return p.transport == TransportKind::kShm
-                   ? shm_.input_waiting(p.id)
-                   : ZmqTransport::input_waiting(p, behind, topic_frames_);
-      });
+  std::vector<uint64_t> dead = peers_.silent([&](const PeerState& p) {
+    return p.transport == TransportKind::kShm
+               ? shm_.input_waiting(p.id)
+               : ZmqTransport::input_waiting(p, behind, topic_frames_);
+  });
   ledger_.bound();
   // A handover that does not come within dead_after heartbeats (the publisher's ZeroMQ
   // connection to us is not up, say) is given up: its topics stay on ZeroMQ.
@@ -602,7 +601,9 @@ NodeStats Bridge::stats() const {
 }
 
 std::size_t Bridge::subscribers(std::string_view topic) const {
-  return zmq_.subscribers(topic) + shm_.subscribers(topic);
+  std::size_t zmq = zmq_.subscribers(topic);
+  std::size_t leaving = std::min(zmq, shm_.leaving(topic));
+  return zmq - leaving + shm_.subscribers(topic);
 }
 
 bool Bridge::serves(std::string_view channel) const {

@@ -96,8 +96,9 @@ class FrameSink {
   virtual void on_frame(const InFrame& frame) = 0;
   /// A frame that does not read as one (wrong part count, say): dropped and counted.
   virtual void on_malformed(absl::string_view from, const absl::Status& why) = 0;
-  /// A remote subscription to `topic` on this node came or went.
-  virtual void on_subscription(const std::string& topic, bool added) = 0;
+  /// A remote subscription to `topic` on this node came or went, over a shared-memory link
+  /// (`link`) or ZeroMQ.
+  virtual void on_subscription(const std::string& topic, bool added, bool link) = 0;
   /// Messages read so far (the read budget counts them, not frames).
   virtual std::size_t messages_read() const = 0;
   virtual NodeStats& counters() = 0;

@@ -4,7 +4,6 @@
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_split.h>
-
 #include <grp.h>
 
 #include <fstream>

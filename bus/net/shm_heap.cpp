@@ -53,8 +53,8 @@ bool ShmHeap::grow(std::size_t bytes) {
   if (reserved_ + want > limit_) want = limit_ > reserved_ ? limit_ - reserved_ : 0;
   if (want < bytes) {
     error_ = absl::ResourceExhaustedError(absl::StrCat(
-        "bus.net: the shared-memory heap is full (", in_use_ >> 20, " MiB in use of ",
-        limit_ >> 20, " MiB, shm_heap_limit): a message of ", bytes,
+        "bus.net: the shared-memory heap is full (", in_use_ >> 20, " MiB in use of ", limit_ >> 20,
+        " MiB, shm_heap_limit): a message of ", bytes,
         " bytes is made in ordinary memory (sent to peers on this host by a copy, when there is "
         "room for one)"));
     return false;

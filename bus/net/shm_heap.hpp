@@ -59,7 +59,7 @@ class ShmHeap {
     std::map<uint64_t, uint64_t> used;  // offset -> bytes
   };
   void* take(Extent& e, std::size_t bytes);  // under mu_
-  bool grow(std::size_t bytes);  // under mu_
+  bool grow(std::size_t bytes);              // under mu_
 
   mutable std::mutex mu_;
   std::vector<Extent> extents_;  // under mu_; never shrinks (indices are names on the wire)

@@ -30,12 +30,12 @@ struct SocketMessage {
   uint64_t magic;
   uint32_t version;
   uint32_t kind;
-  uint64_t node;      // hello: the sender's node id
-  uint32_t role;      // hello
-  uint32_t verdict;   // hello (the acceptor's answer)
-  uint32_t extent;    // extent: its index
-  uint32_t reason;    // bye
-  uint64_t bytes;     // extent: its size
+  uint64_t node;     // hello: the sender's node id
+  uint32_t role;     // hello
+  uint32_t verdict;  // hello (the acceptor's answer)
+  uint32_t extent;   // extent: its index
+  uint32_t reason;   // bye
+  uint64_t bytes;    // extent: its size
   uint32_t endpoint_bytes;
   uint32_t reserved;
   char endpoint[256];  // hello: where the sender's publisher listens
@@ -106,8 +106,7 @@ int receive_message(int sock, SocketMessage& m, int* fds, int& nfds) {
     drop_fds();
     return -1;
   }
-  if (n != static_cast<ssize_t>(sizeof m) || m.magic != shm::kMagic ||
-      m.version != shm::kVersion) {
+  if (n != static_cast<ssize_t>(sizeof m) || m.magic != shm::kMagic || m.version != shm::kVersion) {
     drop_fds();
     return -1;
   }
@@ -167,8 +166,8 @@ absl::StatusOr<int> ShmLink::connect_to(uint64_t node) {
 
 absl::StatusOr<std::unique_ptr<ShmLink>> ShmLink::make(int sock, uint64_t self, Role role,
                                                        const ShmSettings& settings) {
-  std::size_t ring = std::clamp(std::bit_ceil(settings.ring_bytes), shm::kMinRingBytes,
-                                shm::kMaxRingBytes);
+  std::size_t ring =
+      std::clamp(std::bit_ceil(settings.ring_bytes), shm::kMinRingBytes, shm::kMaxRingBytes);
   auto segment = OwnedSegment::create("bus.link", shm::kHeaderBytes + ring, settings.access);
   if (!segment.ok()) {
     ::close(sock);
@@ -376,7 +375,8 @@ void ShmLink::awake() { ours_header()->sleeping.store(0, std::memory_order_relax
 absl::Status ShmLink::take_extent(int fd, uint32_t index, uint64_t bytes) {
   if (index > 1024 || index < their_extents_.size()) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("bus.net: heap extent ", index, " out of order"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bus.net: heap extent ", index, " out of order"));
   }
   auto mapped = PeerSegment::map(fd, bytes, bytes);
   if (!mapped.ok()) return mapped.status();

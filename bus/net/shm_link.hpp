@@ -163,9 +163,7 @@ class ShmLink {
   class Hold;
   ShmLink(int sock, uint64_t self, Role role, std::shared_ptr<OwnedSegment> ours)
       : sock_(sock), self_(self), role_(role), ours_(std::move(ours)) {}
-  shm::LinkHeader* ours_header() const {
-    return reinterpret_cast<shm::LinkHeader*>(ours_->data());
-  }
+  shm::LinkHeader* ours_header() const { return reinterpret_cast<shm::LinkHeader*>(ours_->data()); }
   const shm::LinkHeader* theirs_header() const {
     return reinterpret_cast<const shm::LinkHeader*>(theirs_->data());
   }
@@ -209,7 +207,8 @@ absl::Status ShmLink::read(std::size_t budget, F&& on) {
   if (!tail.ok()) return tail.status();
   std::size_t frames = 0;
   while (head_ < *tail && frames < budget) {
-    absl::StatusOr<shm::ParsedFrame> f = shm::parse_frame(their_ring_, their_ring_bytes_, head_, *tail);
+    absl::StatusOr<shm::ParsedFrame> f =
+        shm::parse_frame(their_ring_, their_ring_bytes_, head_, *tail);
     if (!f.ok()) return f.status();
     if (f->type != shm::FrameType::kPad) {
       on(*f);

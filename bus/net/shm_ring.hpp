@@ -53,7 +53,8 @@ struct alignas(64) LinkHeader {
   alignas(64) std::atomic<uint64_t> hold[kHolds];
 };
 static_assert(sizeof(LinkHeader) <= kHeaderBytes, "the header fits before the ring");
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
               "lock-free atomics are address-free: they work across processes");
 
 enum class FrameType : uint16_t {
@@ -117,8 +118,7 @@ absl::StatusOr<ParsedFrame> parse_frame(const char* ring, uint64_t ring_bytes, u
 
 /// Reads the other end's `tail` and checks it against `head` (ours): it never moves back and
 /// never gets more than a ring ahead.
-absl::StatusOr<uint64_t> checked_tail(const LinkHeader& writer, uint64_t head,
-                                      uint64_t ring_bytes);
+absl::StatusOr<uint64_t> checked_tail(const LinkHeader& writer, uint64_t head, uint64_t ring_bytes);
 
 /// The writing side of an end's own ring. Single-threaded (its owner's thread).
 class RingWriter {

@@ -17,8 +17,8 @@ std::string errno_text(int e) { return std::strerror(e); }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OwnedSegment>> OwnedSegment::create(const char* name,
-                                                                    std::size_t bytes,
-                                                                    ShmAccess access) {
+                                                                   std::size_t bytes,
+                                                                   ShmAccess access) {
   int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     return absl::UnavailableError(
@@ -26,11 +26,11 @@ absl::StatusOr<std::unique_ptr<OwnedSegment>> OwnedSegment::create(const char* n
   }
   auto fail = [&](const char* what, int e) {
     ::close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "bus.net: cannot reserve ", bytes >> 10, " KiB of shared memory (", what, ": ",
-        errno_text(e),
-        "); the process's memory limit (a container's, say) must allow it, or lower "
-        "shm_ring_bytes / shm_heap_limit"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("bus.net: cannot reserve ", bytes >> 10, " KiB of shared memory (", what, ": ",
+                     errno_text(e),
+                     "); the process's memory limit (a container's, say) must allow it, or lower "
+                     "shm_ring_bytes / shm_heap_limit"));
   };
   // Owner only, or owner and a group: the mode matters to anyone who reopens the descriptor
   // through /proc, which the kernel checks against it.
@@ -79,7 +79,8 @@ absl::StatusOr<std::shared_ptr<PeerSegment>> PeerSegment::map(int fd, std::size_
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
   int e = errno;
   ::close(fd);  // the mapping keeps the memory
-  if (p == MAP_FAILED) return absl::InvalidArgumentError(absl::StrCat("bus.net: mmap: ", errno_text(e)));
+  if (p == MAP_FAILED)
+    return absl::InvalidArgumentError(absl::StrCat("bus.net: mmap: ", errno_text(e)));
   return std::shared_ptr<PeerSegment>(new PeerSegment(static_cast<const char*>(p), size));
 }
 

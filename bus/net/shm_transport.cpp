@@ -85,6 +85,8 @@ class ShmTransport::Publisher final : public Subscribers {
       if (std::find(f.handover.begin(), f.handover.end(), l_.node) == f.handover.end()) return true;
       if (!t_.write(l_, f.channel, f.envelope, f.payload)) return false;
       l_.handover = false;  // the heartbeat that names it went first: everything follows
+      // It lets go of its ZeroMQ subscriptions now: until they are gone, it is not counted twice.
+      for (const auto& p : l_.prefixes) ++t_.leaving_[p];
       return true;
     }
     if (l_.cut) {
@@ -208,7 +210,8 @@ void ShmTransport::connect(uint64_t node, const std::string& name) {
   if (!sock.ok()) return fail(sock.status());
   auto link = ShmLink::make(*sock, id_, ShmLink::Role::kBridge, settings_);
   if (!link.ok()) return fail(link.status());
-  if (absl::Status st = (*link)->send_hello(ShmLink::Verdict::kWelcome, publish_endpoint_, wake_fd_);
+  if (absl::Status st =
+          (*link)->send_hello(ShmLink::Verdict::kWelcome, publish_endpoint_, wake_fd_);
       !st.ok()) {
     return fail(st);
   }
@@ -265,7 +268,8 @@ void ShmTransport::finish_accept(Link& l) {
     // the lower id stays (each end decides the same).
     if (by_node(l.node) != nullptr) verdict = ShmLink::Verdict::kDuplicate;
     for (auto& [id, other] : links_) {
-      if (other.get() == &l || other->dead || other->node != l.node || other->state != State::kHello) {
+      if (other.get() == &l || other->dead || other->node != l.node ||
+          other->state != State::kHello) {
         continue;
       }
       if (id_ < l.node) {
@@ -374,7 +378,7 @@ void ShmTransport::drop(Link& l, bool died, const std::string& why) {
   auto it = by_node_.find(l.node);
   if (it == by_node_.end() || it->second != l.id) return;
   by_node_.erase(it);
-  for (const auto& p : l.prefixes) sink_.on_subscription(p, false);
+  for (const auto& p : l.prefixes) sink_.on_subscription(p, false, true);
   if (!died) l.link->send_bye(1);
   events_.on_link_down(l.id, l.node, died, why, l.publisher.get());
 }
@@ -481,7 +485,7 @@ void ShmTransport::read_frames(Link& l) {
         if (on ? !l.prefixes.insert(prefix).second : l.prefixes.erase(prefix) == 0) return;
         l.wants.clear();
         if (prefix == kHeartbeatTopic) l.handover = on;
-        sink_.on_subscription(prefix, on);
+        sink_.on_subscription(prefix, on, true);
         return;
       }
       case FrameType::kData:
@@ -511,8 +515,8 @@ void ShmTransport::read_frames(Link& l) {
   if (!st.ok() && !l.dead) {
     ++sink_.counters().shm_corrupt;
     sink_.log_once(absl::StrCat("shm-corrupt:", l.node),
-                   absl::StrCat("dropped the shared-memory link to node ", absl::Hex(l.node),
-                                ": ", st.message()));
+                   absl::StrCat("dropped the shared-memory link to node ", absl::Hex(l.node), ": ",
+                                st.message()));
     drop(l, false, std::string(st.message()));
   }
 }
@@ -542,9 +546,12 @@ PeerRoute* ShmTransport::route(uint64_t node) {
 }
 
 std::vector<uint64_t> ShmTransport::handovers() const {
+  // Every node that takes our heartbeats over a link, not only those whose handover is still to
+  // come: it completes at the first heartbeat naming it that reaches it over ZeroMQ, which may
+  // not be the first one (its subscriber may have connected after that one left).
   std::vector<uint64_t> out;
   for (const auto& [id, l] : links_) {
-    if (!l->dead && l->handover) out.push_back(l->node);
+    if (!l->dead && l->prefixes.contains(kHeartbeatTopic)) out.push_back(l->node);
   }
   return out;
 }
@@ -557,9 +564,23 @@ uint64_t ShmTransport::link_of(uint64_t node) const {
 std::size_t ShmTransport::subscribers(std::string_view topic) const {
   std::size_t n = 0;
   for (const auto& [id, l] : links_) {
-    if (!l->dead && l->prefixes.contains(absl::string_view(topic.data(), topic.size()))) ++n;
+    // During its handover it is counted where it still reads (ZeroMQ).
+    if (!l->dead && !l->handover &&
+        l->prefixes.contains(absl::string_view(topic.data(), topic.size()))) {
+      ++n;
+    }
   }
   return n;
+}
+
+std::size_t ShmTransport::leaving(std::string_view topic) const {
+  auto it = leaving_.find(absl::string_view(topic.data(), topic.size()));
+  return it == leaving_.end() ? 0 : it->second;
+}
+
+void ShmTransport::left_zmq(const std::string& topic) {
+  auto it = leaving_.find(topic);
+  if (it != leaving_.end() && --it->second == 0) leaving_.erase(it);
 }
 
 void ShmTransport::reply(uint64_t link, std::string_view channel, const std::string& envelope,
@@ -608,8 +629,8 @@ bool ShmTransport::write_block(Link& l, std::string_view channel, const std::str
       sink_.log_once("shm-heap", std::string(heap.last_error().message()));
       return false;
     }
-    payload = std::string_view(reinterpret_cast<const char*>(in_heap.words().begin()),
-                               payload.size());
+    payload =
+        std::string_view(reinterpret_cast<const char*>(in_heap.words().begin()), payload.size());
     at = heap.locate(payload.data(), payload.size());
     if (!at) return false;
   }
@@ -637,7 +658,8 @@ bool ShmTransport::send_or_keep(Link& l, FrameType type, std::string_view channe
   if (l.backlog.empty() && put()) return true;
   if (l.dead) return false;
   if (l.backlog.size() >= kMaxPeerBacklog) return false;
-  l.backlog.push_back({type, std::string(channel), std::move(envelope), std::string(payload), replies});
+  l.backlog.push_back(
+      {type, std::string(channel), std::move(envelope), std::string(payload), replies});
   ++backlogged_;
   return true;
 }

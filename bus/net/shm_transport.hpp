@@ -69,8 +69,14 @@ class ShmTransport {
              std::string_view payload, std::size_t replies);
   /// Remote subscriptions to `topic` over links (one per subscribed node).
   std::size_t subscribers(std::string_view topic) const;
-  /// Nodes that subscribed to this node's heartbeats over a link and get nothing on it until
-  /// the heartbeat that names them (their handover from ZeroMQ).
+  /// ZeroMQ subscriptions to `topic` of nodes whose handover to a link is done: they go soon,
+  /// and meanwhile those nodes are not counted twice.
+  std::size_t leaving(std::string_view topic) const;
+  /// A ZeroMQ subscription to `topic` went: one of those leaving, if any.
+  void left_zmq(const std::string& topic);
+  /// Nodes that take this node's heartbeats over a link: a heartbeat names them (`handover`),
+  /// and the first that does is the first frame their link carries (their handover from
+  /// ZeroMQ).
   std::vector<uint64_t> handovers() const;
   /// Wakes the ends that were written to since the last call.
   void wake_written();
@@ -140,9 +146,10 @@ class ShmTransport {
   std::size_t up_ = 0;
   std::size_t backlogged_ = 0;
   std::vector<uint64_t> dead_;  // links dropped during this pass, freed by reap()
+  absl::flat_hash_map<std::string, std::size_t> leaving_;  // see leaving()
   std::size_t at_listener_ = 0;
   std::vector<std::pair<uint64_t, std::size_t>> polled_;  // link id, PollSet index
-  std::string envelope_;  // reused
+  std::string envelope_;                                  // reused
 };
 
 }  // namespace bus::net::detail

@@ -605,11 +605,11 @@ void ZmqTransport::on_xpub(const zmq::message_t& m) {
   std::string topic(d + 1, m.size() - 1);
   if (d[0] == 1) {
     ++subscribers_[topic];
-    sink_.on_subscription(topic, true);
+    sink_.on_subscription(topic, true, false);
   } else if (d[0] == 0) {
     auto it = subscribers_.find(topic);
     if (it != subscribers_.end() && --it->second == 0) subscribers_.erase(it);
-    sink_.on_subscription(topic, false);
+    sink_.on_subscription(topic, false, false);
   }
 }
 

@@ -89,10 +89,10 @@ class WordsKeeper {
 /// The untyped start of every message's State: what holding a message takes, whatever its type.
 struct alignas(capnp::word) BufferHead {
   std::atomic<uint32_t> refs;
-  uint32_t spare;              // words allocated after the message's own (copy_within's bound)
-  std::size_t words;           // stream header included
-  const capnp::word* data;     // the stream header, then the segment
-  WordsKeeper* keeper;         // null: the words follow the State, in its own buffer
+  uint32_t spare;           // words allocated after the message's own (copy_within's bound)
+  std::size_t words;        // stream header included
+  const capnp::word* data;  // the stream header, then the segment
+  WordsKeeper* keeper;      // null: the words follow the State, in its own buffer
 };
 /// Every Message<S>'s State: the head, then a typed reader (the same size for every S).
 inline constexpr std::size_t kStateBytes = sizeof(BufferHead) + sizeof(capnp::_::StructReader);

@@ -30,7 +30,7 @@ struct PeerInfo {
   std::vector<std::string> serves;   // endpoints and queues it takes from other nodes
   std::vector<std::string> imports;  // topics it subscribes to
   std::chrono::milliseconds since_heartbeat{0};
-  std::vector<ChannelInfo> channels;  // serves and imports, with their types
+  std::vector<ChannelInfo> channels;         // serves and imports, with their types
   Transport transport = Transport::kZeroMq;  // kSharedMemory while a link to it is up
 };
 
