@@ -51,8 +51,6 @@ void Bridge::on_frame(const InFrame& f) {
     return on_request(f, *env);
   }
   // A publisher's stream: topic messages and heartbeats.
-  fprintf(stderr, "frame %s seq=%lu count=%u stream=%d linked=%d\n", std::string(f.channel).c_str(),
-          env->seq, env->count, (int)f.stream, (int)linked_.contains(env->sender));
   if (!linked_.empty() && handover_takes(f, *env)) return;
   messages_read_ += std::max<uint32_t>(env->count, 1);
   if (env->sender == id_) return;

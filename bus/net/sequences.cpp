@@ -37,7 +37,6 @@ SeqState& SequenceLedger::state(uint64_t sender, const std::string& channel) {
 
 void SequenceLedger::gap(const std::string& channel, SeqState& s, uint64_t lost,
                          uint64_t row_peer) {
-  fprintf(stderr, "GAP %s lost=%lu expected=%lu\n", channel.c_str(), lost, s.expected);
   s.gaps += lost;
   traffic(channel, row_peer).gaps += lost;
 }
@@ -49,7 +48,6 @@ uint32_t SequenceLedger::arrived(uint64_t sender, const std::string& channel, ui
   if (s.expected != 0 && seq < s.expected) {
     seen = static_cast<uint32_t>(std::min<uint64_t>(count, s.expected - seq));
   }
-  fprintf(stderr, "arrived seq=%lu count=%u expected=%lu\n", seq, count, s.expected);
   if (s.expected != 0 && seq > s.expected) gap(channel, s, seq - s.expected, row_peer);
   if (seq + count > s.expected) s.expected = seq + count;
   return seen;
