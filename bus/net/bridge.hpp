@@ -342,8 +342,9 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   /// that moved, is dropped); false when it is read now.
   bool handover_takes(const InFrame& f, const EnvelopeFields& env);
   absl::flat_hash_map<uint64_t, LinkedPublisher> linked_;  // by publisher node
-  /// Reads the link frames that waited for a handover that came.
+  /// Reads what waited for the handovers that came.
   void replay_handovers();
+  void replay_handover(uint64_t node);
   /// Gives up moving `node`'s topics to its link (its handover did not come): ZeroMQ it is.
   void abandon_handover(uint64_t node, const char* why);
 

@@ -292,6 +292,11 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
     auto hb = reader.getRoot<wire::Heartbeat>();
     uint64_t id = hb.getNode();
     if (id != env.sender || id == id_) return;
+    // A node that said goodbye is gone: a heartbeat of it that comes later came another way
+    // (over ZeroMQ and a shared-memory link both, while it moved) and is not a return.
+    for (const auto& [gone, when] : goodbyes_) {
+      if (gone == id) return;
+    }
     for (uint64_t acked : hb.getGoodbyes()) {
       if (acked == id_) goodbye_acks_.insert(id);
     }

@@ -110,64 +110,74 @@ bool Bridge::handover_takes(const InFrame& f, const EnvelopeFields& env) {
 }
 
 void Bridge::replay_handovers() {
-  for (auto& [node, lp] : linked_) {
-    if (!lp.replay) continue;
-    lp.replay = false;
-    auto zmq = std::move(lp.zmq);
-    auto link = std::move(lp.link);
-    lp.zmq.clear();
-    lp.link.clear();
-    lp.bytes = 0;
-    // Where the link starts, per topic: its first frame is the heartbeat that named us, whose
-    // `published` says the number each topic's next message took.
-    absl::flat_hash_map<std::string, uint64_t> link_starts;
-    bool known_start = false;
-    if (!link.empty()) {
-      absl::StatusOr<EnvelopeFields> env =
-          decode_envelope(link.front().envelope.data(), link.front().envelope.size());
-      if (env.ok() && env->kind == wire::Envelope::Kind::HEARTBEAT &&
-          payloads_.parse(link.front().payload.data(), link.front().payload.size(), 1, limits_)
-              .ok()) {
-        try {
-          capnp::FlatArrayMessageReader reader(payloads_.items()[0], reader_options(limits_));
-          for (auto t : reader.getRoot<wire::Heartbeat>().getPublished()) {
-            link_starts[t.getChannel().cStr()] = t.getNext();
-          }
-          known_start = true;
-        } catch (const kj::Exception&) {
-        }
-      }
-    }
-    // ZeroMQ's frames below the link's start, then the link's (from its start on, complete).
-    for (const auto& w : zmq) {
-      absl::StatusOr<EnvelopeFields> env = decode_envelope(w.envelope.data(), w.envelope.size());
-      if (!env.ok() ||
-          !payloads_.parse(w.payload.data(), w.payload.size(), env->count, limits_).ok()) {
-        on_malformed("subscriber", absl::InvalidArgumentError("a topic frame that does not read"));
-        continue;
-      }
-      auto start = link_starts.find(w.channel);
-      uint64_t limit = !known_start ? UINT64_MAX : start == link_starts.end() ? 1 : start->second;
-      if (env->seq >= limit) continue;  // the link has it
-      messages_read_ += env->count;
-      peers_.heard(env->sender, topic_frames_);
-      auto it = import_topics_.find(w.channel);
-      if (it == import_topics_.end()) continue;
-      deliver(*it->second, *env, payloads_,
-              static_cast<uint32_t>(std::min<uint64_t>(env->count, limit - env->seq)));
-    }
-    for (const auto& w : link) {
-      InFrame f;
-      f.stream = Stream::kLink;
-      f.channel = w.channel;
-      f.envelope = w.envelope.data();
-      f.envelope_size = w.envelope.size();
-      f.payload = w.payload.data();
-      f.payload_size = w.payload.size();
-      on_frame(f);
-    }
-    ++counters_.shm_handovers;
+  // Reading what waited may forget a publisher (a goodbye among its frames): no iterator or
+  // reference into linked_ is kept across it.
+  std::vector<uint64_t> due;
+  for (const auto& [node, lp] : linked_) {
+    if (lp.replay) due.push_back(node);
   }
+  for (uint64_t node : due) replay_handover(node);
+}
+
+void Bridge::replay_handover(uint64_t node) {
+  auto it = linked_.find(node);
+  if (it == linked_.end() || !it->second.replay) return;
+  LinkedPublisher& lp = it->second;
+  lp.replay = false;
+  auto zmq = std::move(lp.zmq);
+  auto link = std::move(lp.link);
+  lp.zmq.clear();
+  lp.link.clear();
+  lp.bytes = 0;
+  // Where the link starts, per topic: its first frame is the heartbeat that named us, whose
+  // `published` says the number each topic's next message took.
+  absl::flat_hash_map<std::string, uint64_t> link_starts;
+  bool known_start = false;
+  if (!link.empty()) {
+    absl::StatusOr<EnvelopeFields> env =
+        decode_envelope(link.front().envelope.data(), link.front().envelope.size());
+    if (env.ok() && env->kind == wire::Envelope::Kind::HEARTBEAT &&
+        payloads_.parse(link.front().payload.data(), link.front().payload.size(), 1, limits_)
+            .ok()) {
+      try {
+        capnp::FlatArrayMessageReader reader(payloads_.items()[0], reader_options(limits_));
+        for (auto t : reader.getRoot<wire::Heartbeat>().getPublished()) {
+          link_starts[t.getChannel().cStr()] = t.getNext();
+        }
+        known_start = true;
+      } catch (const kj::Exception&) {
+      }
+    }
+  }
+  // ZeroMQ's frames below the link's start, then the link's (from its start on, complete).
+  for (const auto& w : zmq) {
+    absl::StatusOr<EnvelopeFields> env = decode_envelope(w.envelope.data(), w.envelope.size());
+    if (!env.ok() ||
+        !payloads_.parse(w.payload.data(), w.payload.size(), env->count, limits_).ok()) {
+      on_malformed("subscriber", absl::InvalidArgumentError("a topic frame that does not read"));
+      continue;
+    }
+    auto start = link_starts.find(w.channel);
+    uint64_t limit = !known_start ? UINT64_MAX : start == link_starts.end() ? 1 : start->second;
+    if (env->seq >= limit) continue;  // the link has it
+    messages_read_ += env->count;
+    peers_.heard(env->sender, topic_frames_);
+    auto topic = import_topics_.find(w.channel);
+    if (topic == import_topics_.end()) continue;
+    deliver(*topic->second, *env, payloads_,
+            static_cast<uint32_t>(std::min<uint64_t>(env->count, limit - env->seq)));
+  }
+  for (const auto& w : link) {
+    InFrame f;
+    f.stream = Stream::kLink;
+    f.channel = w.channel;
+    f.envelope = w.envelope.data();
+    f.envelope_size = w.envelope.size();
+    f.payload = w.payload.data();
+    f.payload_size = w.payload.size();
+    on_frame(f);
+  }
+  ++counters_.shm_handovers;
 }
 
 void Bridge::abandon_handover(uint64_t node, const char* why) {
@@ -197,6 +207,7 @@ void Bridge::abandon_handover(uint64_t node, const char* why) {
 void Bridge::on_link_down(uint64_t link, uint64_t peer, bool died, const std::string& why,
                           const Subscribers* publisher) {
   gate_.forget(publisher);
+  replay_handover(peer);  // what the link brought before it went, if its handover came
   if (auto it = linked_.find(peer); it != linked_.end()) {
     // Listened to over ZeroMQ again, if it still is a peer of ours (static, or found).
     std::string endpoint = it->second.endpoint;

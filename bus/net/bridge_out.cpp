@@ -493,7 +493,10 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why, Forget how) {
   std::vector<CallBatch> unsent = std::move(p->calls);
   zmq_.close_route(id);
   peers_.erase(id);
-  if (how == Forget::kForGood) ledger_.forget_for_good(id);
+  if (how == Forget::kForGood) {
+    ledger_.forget_for_good(id);
+    linked_.erase(id);  // what waited for its handover goes with it
+  }
   ledger_.fold(id);
   update_reachability();
   for (CallBatch& b : unsent) {
