@@ -110,12 +110,13 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   ExternalInbox& inbox() override { return *inbox_; }
   const Limits& limits() const override { return limits_; }
   void queue_publish(Bridged& channel, Outbox& out) override;
+  void publish_large(Bridged& channel, Outbox& out, bus::detail::MessageRef message) override;
   bool oversized(const Bridged& channel, std::size_t bytes) override;
-  void call(Bridged& channel, std::string payload, Clock::time_point deadline,
+  void call(Bridged& channel, OutPayload payload, Clock::time_point deadline,
             PrincipalPtr principal, std::unique_ptr<PendingCall> pending) override;
   std::shared_ptr<DirectCalls> direct_calls() override { return lanes_; }
   /// call(), to node `to` (0: any live node serving the channel).
-  void call_to(uint64_t to, Bridged& channel, std::string payload, Clock::time_point deadline,
+  void call_to(uint64_t to, Bridged& channel, OutPayload payload, Clock::time_point deadline,
                PrincipalPtr principal, std::unique_ptr<PendingCall> pending);
 
   // Untyped access (Node::tap, publish_raw, call_raw), on the bridge thread.
@@ -124,9 +125,9 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
                                           const std::string& payload);
   void call_raw(std::string endpoint, uint64_t type_id, uint64_t reply_type_id, uint64_t peer,
                 std::string payload, Clock::time_point deadline, RawReply done);
-  absl::Status send(Bridged& channel, std::string payload) override;
+  absl::Status send(Bridged& channel, OutPayload payload) override;
   void reply(Bridged& channel, const RemoteCall& to, const absl::Status& status,
-             std::string payload) override;
+             OutPayload payload) override;
 
  private:
   struct Pending {
@@ -215,7 +216,8 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   /// Sends one request or a batch (`calls` in the order of `payloads`); fails them all when
   /// the peer takes nothing more.
   void send_calls(PeerState& peer, Bridged& channel, std::string_view payloads,
-                  std::span<CallBatch::Call> calls, const PrincipalPtr& principal);
+                  std::span<CallBatch::Call> calls, const PrincipalPtr& principal,
+                  const bus::detail::MessageRef* large = nullptr);
   /// Sends peer.calls[i] (see send_calls()).
   void send_batch(PeerState& peer, std::size_t i);
   void flush_calls();
@@ -223,7 +225,8 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   /// One reply frame for `items` (a single reply's envelope when there is one), with the
   /// payloads of the items whose code is 0, to `to`.
   void send_replies(const ReplyTo& to, std::string_view name, uint64_t reply_type_id,
-                    std::vector<BatchItem>& items, std::string_view payloads);
+                    std::vector<BatchItem>& items, std::string_view payloads,
+                    const bus::detail::MessageRef* large = nullptr);
   /// An UNAVAILABLE reply for a request on an endpoint this node does not export.
   void reply_unexported(const RemoteCall& call, absl::string_view name);
   void flush_publishes();

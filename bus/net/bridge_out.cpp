@@ -33,6 +33,20 @@ void Bridge::queue_publish(Bridged& channel, Outbox& out) {
   if (out.bytes.size() >= kMaxBatchBytes && !gate_.holding()) flush_publishes();
 }
 
+void Bridge::publish_large(Bridged& channel, Outbox& out, bus::detail::MessageRef message) {
+  // In order: what the open batch holds goes first, in a frame of its own.
+  if (out.count > 0) {
+    out.pieces.push_back({std::move(out.bytes), out.count, {}});
+    out.bytes.clear();
+    out.count = 0;
+  }
+  out.pieces.push_back({{}, 1, std::move(message)});
+  if (!out.queued) {
+    out.queued = true;
+    queued_.emplace_back(&channel, &out);
+  }
+}
+
 std::vector<Subscribers*> Bridge::subscribers_of(const OutFrame& frame) {
   std::vector<Subscribers*> to{&zmq_.publisher()};
   shm_.subscribers_of(frame, to);
@@ -49,30 +63,43 @@ void Bridge::publish_frame(OutFrame frame) {
 bool Bridge::retry_held() { return gate_.retry(counters_.publish_cuts); }
 
 void Bridge::flush_publishes() {
+  // A frame of `count` messages of `ch`: the next numbers, counted, and through the gate.
+  auto publish = [this](Bridged& ch, Outbox& out, std::string bytes, uint32_t count,
+                        bus::detail::MessageRef large) {
+    EnvelopeFields env;
+    env.kind = wire::Envelope::Kind::PUBLISH;
+    env.type_id = ch.type_id;
+    env.sender = id_;
+    env.seq = out.next_seq;
+    env.count = count;
+    out.next_seq += count;
+    counters_.published += count;
+    ++counters_.publish_frames;
+    if (subscribers(ch.name) > 0) traffic(ch.name, 0).sent += count;
+    OutFrame f;
+    f.channel = ch.name;
+    f.envelope = encode_envelope(env);
+    f.payload = std::move(bytes);
+    f.large = std::move(large);
+    f.count = count;
+    f.topic = &ch;
+    publish_frame(std::move(f));
+  };
   std::size_t i = 0;
   for (; i < queued_.size() && !gate_.holding(); ++i) {
     auto [ch, out] = queued_[i];
+    while (!out->pieces.empty() && !gate_.holding()) {
+      Outbox::Piece piece = std::move(out->pieces.front());
+      out->pieces.pop_front();
+      publish(*ch, *out, std::move(piece.bytes), piece.count, std::move(piece.large));
+    }
+    if (!out->pieces.empty()) break;  // held: the rest goes, in order, when the gate opens
     out->queued = false;
     if (out->count == 0) continue;
-    EnvelopeFields env;
-    env.kind = wire::Envelope::Kind::PUBLISH;
-    env.type_id = ch->type_id;
-    env.sender = id_;
-    env.seq = out->next_seq;
-    env.count = out->count;
-    out->next_seq += out->count;
-    counters_.published += out->count;
-    ++counters_.publish_frames;
-    if (subscribers(ch->name) > 0) traffic(ch->name, 0).sent += out->count;
-    OutFrame f;
-    f.channel = ch->name;
-    f.envelope = encode_envelope(env);
-    f.payload = std::move(out->bytes);
-    f.count = out->count;
-    f.topic = ch;
+    std::string bytes = std::move(out->bytes);
     out->bytes.clear();
-    out->count = 0;
-    publish_frame(std::move(f));
+    const uint32_t count = std::exchange(out->count, 0);
+    publish(*ch, *out, std::move(bytes), count, {});
   }
   queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(i));
 }
@@ -180,12 +207,12 @@ std::string Bridge::heartbeat_payload(bool leaving, const std::vector<uint64_t>&
 
 // ---- requests and queue messages -----------------------------------------------------------
 
-void Bridge::call(Bridged& channel, std::string payload, Clock::time_point deadline,
+void Bridge::call(Bridged& channel, OutPayload payload, Clock::time_point deadline,
                   PrincipalPtr principal, std::unique_ptr<PendingCall> pending) {
   call_to(0, channel, std::move(payload), deadline, std::move(principal), std::move(pending));
 }
 
-void Bridge::call_to(uint64_t to, Bridged& channel, std::string payload, Clock::time_point deadline,
+void Bridge::call_to(uint64_t to, Bridged& channel, OutPayload payload, Clock::time_point deadline,
                      PrincipalPtr principal, std::unique_ptr<PendingCall> pending) {
   if (oversized(channel, payload.size())) {
     pending->finish(
@@ -218,9 +245,12 @@ void Bridge::call_to(uint64_t to, Bridged& channel, std::string payload, Clock::
         {});
     return;
   }
-  if (!peer->batches) {
+  if (!peer->batches || payload.large) {
+    // Alone in its frame: the requester does not read batches, or it is a large message, which
+    // goes as it is (read in place by a peer that shares memory).
     CallBatch::Call one{deadline, std::move(pending)};
-    return send_calls(*peer, channel, payload, {&one, 1}, principal);
+    return send_calls(*peer, channel, payload.view(), {&one, 1}, principal,
+                      payload.large ? &payload.large : nullptr);
   }
   // Requests to one peer on one endpoint go out together when this pass ends: one frame, one
   // envelope, one transport message for the lot. The envelope names one principal: requests for
@@ -234,7 +264,7 @@ void Bridge::call_to(uint64_t to, Bridged& channel, std::string payload, Clock::
     b->channel = &channel;
     b->principal = std::move(principal);
   }
-  b->bytes.append(payload);
+  b->bytes.append(payload.bytes);
   b->calls.push_back({deadline, std::move(pending)});
   calls_queued_ = true;
   if (b->calls.size() >= kSendBatchItems || b->bytes.size() >= kMaxBatchBytes) {
@@ -255,7 +285,8 @@ void Bridge::send_batch(PeerState& peer, std::size_t i) {
 }
 
 void Bridge::send_calls(PeerState& peer, Bridged& channel, std::string_view payloads,
-                        std::span<CallBatch::Call> calls, const PrincipalPtr& principal) {
+                        std::span<CallBatch::Call> calls, const PrincipalPtr& principal,
+                        const bus::detail::MessageRef* large) {
   if (calls.empty()) return;
   EnvelopeFields env;
   env.principal = principal;
@@ -281,7 +312,7 @@ void Bridge::send_calls(PeerState& peer, Bridged& channel, std::string_view payl
       env.items[i].timeout_us = timeout_us(calls[i].deadline);
     }
   }
-  if (!peer.route->send(channel.name, env, payloads)) {
+  if (!peer.route->send(channel.name, env, payloads, large)) {
     counters_.send_refused += calls.size();
     for (auto& c : calls) {
       c.pending->finish(absl::ResourceExhaustedError(absl::StrCat(
@@ -322,7 +353,7 @@ void Bridge::flush_batches() {
   shm_.wake_written();  // once a pass, for all it wrote to each link
 }
 
-absl::Status Bridge::send(Bridged& channel, std::string payload) {
+absl::Status Bridge::send(Bridged& channel, OutPayload payload) {
   PeerState* peer = peers_.pick(channel, /*endpoint=*/false);
   absl::Status st;
   if (oversized(channel, payload.size())) {
@@ -339,7 +370,8 @@ absl::Status Bridge::send(Bridged& channel, std::string payload) {
     // Numbered per destination: each receiver counts gaps in what was sent to it.
     uint64_t& seq = peer->send_seq[channel.name];
     env.seq = seq + 1;
-    if (peer->route->send(channel.name, env, payload)) {
+    if (peer->route->send(channel.name, env, payload.view(),
+                          payload.large ? &payload.large : nullptr)) {
       ++seq;
       ++traffic(channel.name, peer->id).sent;
       return absl::OkStatus();
@@ -356,14 +388,15 @@ absl::Status Bridge::send(Bridged& channel, std::string payload) {
 // ---- replies -------------------------------------------------------------------------------
 
 void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& status,
-                   std::string payload) {
+                   OutPayload payload) {
   if (status.ok() && oversized(channel, payload.size())) {
     return reply(channel, to, absl::ResourceExhaustedError("bus.net: reply over max_message_bytes"),
                  {});
   }
-  if (to.batched) {
+  if (to.batched && !payload.large) {
     // With the other replies to that requester on that endpoint, when this pass ends.
-    replies_.add(to, channel, status, payload, [this](ReplyBatch& b) { send_reply_batch(b); });
+    replies_.add(to, channel, status, payload.bytes,
+                 [this](ReplyBatch& b) { send_reply_batch(b); });
     return;
   }
   // One reply, alone in its frame: the requester does not read batches.
@@ -372,7 +405,8 @@ void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& s
   one[0].code = static_cast<uint16_t>(status.code());
   if (!status.ok()) one[0].detail = std::string(status.message());
   ++traffic(channel.name, known(to.peer)).sent;
-  send_replies(to.to, channel.name, channel.reply_type_id, one, payload);
+  send_replies(to.to, channel.name, channel.reply_type_id, one, payload.view(),
+               payload.large ? &payload.large : nullptr);
 }
 
 void Bridge::send_reply_batch(ReplyBatch& b) {
@@ -385,7 +419,8 @@ void Bridge::send_reply_batch(ReplyBatch& b) {
 }
 
 void Bridge::send_replies(const ReplyTo& to, std::string_view name, uint64_t reply_type_id,
-                          std::vector<BatchItem>& items, std::string_view payloads) {
+                          std::vector<BatchItem>& items, std::string_view payloads,
+                          const bus::detail::MessageRef* large) {
   std::size_t n = items.size();
   auto with_payload = static_cast<uint32_t>(
       std::count_if(items.begin(), items.end(), [](const BatchItem& i) { return i.code == 0; }));
@@ -402,7 +437,8 @@ void Bridge::send_replies(const ReplyTo& to, std::string_view name, uint64_t rep
     env.items = std::move(items);
   }
   if (to.link != 0) {
-    shm_.reply(to.link, name, encode_envelope(env), payloads, n);
+    shm_.reply(to.link, name, encode_envelope(env), payloads,
+               large != nullptr ? *large : bus::detail::MessageRef(), n);
   } else {
     zmq_.reply(to.identity, name, encode_envelope(env), payloads, n);
   }
@@ -515,7 +551,8 @@ void Bridge::update_reachability() {
     if (ch->role != Bridged::Role::kImportEndpoint) continue;
     for (const auto& [id, p] : peers_) {
       if (PeerTable::serves(p, *ch, true)) {
-        direct[ch->name].push_back({id, p.name, p.request_endpoint, p.public_key});
+        direct[ch->name].push_back(
+            {id, p.name, p.request_endpoint, p.public_key, p.transport == TransportKind::kShm});
       }
     }
   }

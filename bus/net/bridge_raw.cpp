@@ -114,7 +114,9 @@ void Bridge::call_raw(std::string endpoint, uint64_t type_id, uint64_t reply_typ
     ch = std::make_unique<RawChannel>(Bridged::Role::kImportEndpoint, endpoint, type_id,
                                       reply_type_id);
   }
-  call_to(peer, *ch, std::move(payload), deadline, nullptr,
+  OutPayload out;
+  out.bytes = std::move(payload);
+  call_to(peer, *ch, std::move(out), deadline, nullptr,
           std::make_unique<RawCall>(std::move(endpoint), reply_type_id, std::move(done)));
 }
 
@@ -140,8 +142,8 @@ void Bridge::serve_stats(const RemoteCall& call) {
     figures[i].setValue(list.figures[i].value);
     figures[i].setGauge(list.figures[i].gauge);
   }
-  std::string payload;
-  append_message(builder, payload);
+  OutPayload payload;
+  append_message(builder, payload.bytes);
   reply(*ch, call, absl::OkStatus(), std::move(payload));
 }
 

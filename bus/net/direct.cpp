@@ -2,6 +2,10 @@
 
 #include <absl/container/flat_hash_set.h>
 #include <absl/strings/str_cat.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <thread>
@@ -22,6 +26,8 @@ absl::string_view sv(std::string_view s) { return {s.data(), s.size()}; }
 struct DirectLanes::Lane {
   uint64_t generation = 0;  // of the servers its dealers were last checked against
   absl::flat_hash_map<uint64_t, std::unique_ptr<zmq::socket_t>> dealers;  // by node id
+  absl::flat_hash_map<uint64_t, std::unique_ptr<ShmLink>> links;          // by node id
+  absl::flat_hash_set<uint64_t> unlinkable;  // nodes a link could not be made to: DEALERs
   uint64_t last_correlation = 0;
   Parts parts;
   Payloads payloads;
@@ -37,7 +43,12 @@ DirectLanes::DirectLanes(zmq::context_t& ctx, const NodeOptions& options, uint64
       options_(options),
       node_id_(node_id),
       limits_(limits),
-      servers_(std::make_shared<const Servers>()) {}
+      servers_(std::make_shared<const Servers>()) {
+  shm_.ring_bytes = options.shm_ring_bytes();
+  shm_.heap_limit = options.shm_heap_limit();
+  shm_.spin = options.shm_spin();
+  shm_.access.group = options.shm_group();
+}
 
 DirectLanes::~DirectLanes() = default;
 
@@ -100,7 +111,8 @@ absl::Status DirectLanes::gone(const DirectServer& server) const {
 }
 
 bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_type_id,
-                       std::string_view payload, Clock::time_point deadline, PendingCall& done) {
+                       const OutPayload& out, Clock::time_point deadline, PendingCall& done) {
+  const std::string_view payload = out.view();
   if (payload.size() > limits_.max_message_bytes) {
     {
       std::lock_guard lock(mu_);
@@ -114,6 +126,7 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
   std::unique_ptr<Lane> lane;
   std::shared_ptr<const Servers> servers;
   DirectServer to;
+  bool linked = false;  // the server shares memory with this node: try the lane's link first
   {
     std::lock_guard lock(mu_);
     if (stopped_.load(std::memory_order_relaxed)) {
@@ -145,7 +158,9 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
         for (const auto& s : list) live.insert(s.id);
       }
       absl::erase_if(lane->dealers, [&](const auto& d) { return !live.contains(d.first); });
+      absl::erase_if(lane->links, [&](const auto& l) { return !live.contains(l.first); });
     }
+    if (to.shm && !lane->unlinkable.contains(to.id)) linked = true;
     // Sockets are made under the lock that stop() takes: none is made after the context closes.
     auto& dealer = lane->dealers[to.id];
     if (!dealer) {
@@ -167,55 +182,61 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
   Wait outcome = Wait::kFailed;
   bool sent = false;
   bool told = false;  // `done` has its answer
-  try {
-    zmq::socket_t* dealer = lane->dealers[to.id].get();
-    EnvelopeFields env;
-    env.kind = wire::Envelope::Kind::REQUEST;
-    env.type_id = type_id;
-    env.sender = node_id_;
-    env.count = 1;
-    env.correlation = ++lane->last_correlation;
-    env.principal = bus::detail::current_principal();  // this thread's: it made the call
-    auto left = deadline - Clock::now();
-    env.timeout_us = left > Clock::duration::zero()
-                         ? static_cast<uint64_t>(duration_cast<microseconds>(left).count())
-                         : 0;
-    std::string e = encode_envelope(env);
-    // The pipe has room unless the node stopped reading for kPipeHwm requests (late replies of
-    // abandoned calls do not count): wait for it as for the reply.
-    for (;;) {
-      if (dealer->send(zmq::buffer(name), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
-        dealer->send(zmq::buffer(e), zmq::send_flags::sndmore);
-        dealer->send(zmq::message_t(payload.data(), payload.size()), zmq::send_flags::none);
-        sent = true;
-        break;
-      }
-      auto now = Clock::now();
-      if (now >= deadline) break;
-      if (absl::Status why = gone(to); !why.ok()) {
-        fail(*lane, why, done);
-        told = true;
-        break;
-      }
-      zmq::pollitem_t item{dealer->handle(), 0, ZMQ_POLLOUT, 0};
-      zmq::poll(
-          &item, 1,
-          std::min(kDirectSlice, duration_cast<milliseconds>(deadline - now) + milliseconds(1)));
-    }
-    if (sent) {
-      outcome = await(*lane, *dealer, to, name, reply_type_id, env.correlation, deadline, done);
-    } else {
-      outcome = told ? Wait::kFailed : Wait::kExpired;
-    }
-  } catch (const zmq::error_t& e) {
-    // The context closing under a stop (ETERM).
-    lane->dealers.erase(to.id);
-    done.finish(stopped_.load() ? absl::CancelledError("bus.net: the node stopped")
-                                : absl::UnavailableError(absl::StrCat(
-                                      "bus.net: call to node '", to.name, "' failed: ", e.what())),
-                {});
-    outcome = Wait::kFailed;
+  std::optional<Wait> over_link;
+  if (linked) {
+    over_link = call_linked(*lane, to, name, type_id, reply_type_id, out, deadline, done, sent);
+    if (over_link) outcome = *over_link;
   }
+  if (!over_link) try {
+      zmq::socket_t* dealer = lane->dealers[to.id].get();
+      EnvelopeFields env;
+      env.kind = wire::Envelope::Kind::REQUEST;
+      env.type_id = type_id;
+      env.sender = node_id_;
+      env.count = 1;
+      env.correlation = ++lane->last_correlation;
+      env.principal = bus::detail::current_principal();  // this thread's: it made the call
+      auto left = deadline - Clock::now();
+      env.timeout_us = left > Clock::duration::zero()
+                           ? static_cast<uint64_t>(duration_cast<microseconds>(left).count())
+                           : 0;
+      std::string e = encode_envelope(env);
+      // The pipe has room unless the node stopped reading for kPipeHwm requests (late replies of
+      // abandoned calls do not count): wait for it as for the reply.
+      for (;;) {  // NOLINT(readability-misleading-indentation): the try's body
+        if (dealer->send(zmq::buffer(name), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+          dealer->send(zmq::buffer(e), zmq::send_flags::sndmore);
+          dealer->send(zmq::message_t(payload.data(), payload.size()), zmq::send_flags::none);
+          sent = true;
+          break;
+        }
+        auto now = Clock::now();
+        if (now >= deadline) break;
+        if (absl::Status why = gone(to); !why.ok()) {
+          fail(*lane, why, done);
+          told = true;
+          break;
+        }
+        zmq::pollitem_t item{dealer->handle(), 0, ZMQ_POLLOUT, 0};
+        zmq::poll(
+            &item, 1,
+            std::min(kDirectSlice, duration_cast<milliseconds>(deadline - now) + milliseconds(1)));
+      }
+      if (sent) {
+        outcome = await(*lane, *dealer, to, name, reply_type_id, env.correlation, deadline, done);
+      } else {
+        outcome = told ? Wait::kFailed : Wait::kExpired;
+      }
+    } catch (const zmq::error_t& e) {
+      // The context closing under a stop (ETERM).
+      lane->dealers.erase(to.id);
+      done.finish(stopped_.load()
+                      ? absl::CancelledError("bus.net: the node stopped")
+                      : absl::UnavailableError(absl::StrCat("bus.net: call to node '", to.name,
+                                                            "' failed: ", e.what())),
+                  {});
+      outcome = Wait::kFailed;
+    }
   std::lock_guard lock(mu_);
   auto& tally = lane->tally;
   counters_.late_replies += tally.late;
@@ -244,7 +265,12 @@ DirectLanes::Wait DirectLanes::await(Lane& lane, zmq::socket_t& dealer, const Di
                                      PendingCall& done) {
   for (;;) {
     while (recv(dealer, lane.parts)) {
-      if (on_reply(lane, lane.parts, to, name, reply_type_id, correlation, done)) {
+      if (lane.parts.size() != 3) {
+        ++lane.tally.malformed;
+        continue;
+      }
+      if (on_reply(lane, lane.parts[1].data(), lane.parts[1].size(), lane.parts[2].data(),
+                   lane.parts[2].size(), to, name, reply_type_id, correlation, done)) {
         return Wait::kAnswered;
       }
     }
@@ -262,15 +288,15 @@ DirectLanes::Wait DirectLanes::await(Lane& lane, zmq::socket_t& dealer, const Di
   }
 }
 
-bool DirectLanes::on_reply(Lane& lane, Parts& parts, const DirectServer& from,
+bool DirectLanes::on_reply(Lane& lane, const void* envelope, std::size_t envelope_size,
+                           const void* payload, std::size_t payload_size, const DirectServer& from,
                            std::string_view name, uint64_t reply_type_id, uint64_t correlation,
                            PendingCall& done) {
   auto malformed = [&](const absl::Status& /*why*/) {
     ++lane.tally.malformed;
     return false;
   };
-  if (parts.size() != 3) return malformed(absl::InvalidArgumentError("part count"));
-  absl::StatusOr<EnvelopeFields> env = decode_envelope(parts[1].data(), parts[1].size());
+  absl::StatusOr<EnvelopeFields> env = decode_envelope(envelope, envelope_size);
   if (!env.ok()) return malformed(env.status());
   if (env->kind != wire::Envelope::Kind::REPLY) {
     return malformed(absl::InvalidArgumentError("not a reply"));
@@ -294,7 +320,7 @@ bool DirectLanes::on_reply(Lane& lane, Parts& parts, const DirectServer& from,
     done.finish(status_from(ours->code, ours->detail), {});
     return true;
   }
-  absl::Status bad = lane.payloads.parse(parts[2].data(), parts[2].size(), with_payload, limits_);
+  absl::Status bad = lane.payloads.parse(payload, payload_size, with_payload, limits_);
   if (bad.ok() && env->type_id != reply_type_id) {
     bad = absl::InvalidArgumentError(absl::StrCat("reply type id ", absl::Hex(env->type_id),
                                                   " is not the endpoint's (",
@@ -309,6 +335,133 @@ bool DirectLanes::on_reply(Lane& lane, Parts& parts, const DirectServer& from,
   }
   done.finish(absl::OkStatus(), lane.payloads.items()[at]);
   return true;
+}
+
+// ---- over a shared-memory link ------------------------------------------------------------
+
+ShmLink* DirectLanes::link_to(Lane& lane, const DirectServer& to, Clock::time_point deadline) {
+  if (auto it = lane.links.find(to.id); it != lane.links.end()) return it->second.get();
+  auto give_up = [&] {
+    lane.unlinkable.insert(to.id);
+    return nullptr;
+  };
+  absl::StatusOr<int> sock = ShmLink::connect_to(to.id);
+  if (!sock.ok()) return give_up();
+  auto link = ShmLink::make(*sock, node_id_, ShmLink::Role::kLane, shm_);
+  if (!link.ok() || !(*link)->send_hello(ShmLink::Verdict::kWelcome, "", -1).ok()) return give_up();
+  // The server's bridge answers within a pass of its loop.
+  auto until = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+  for (;;) {
+    absl::StatusOr<ShmLink::Hello> hello = (*link)->receive_hello();
+    if (hello.ok()) {
+      const bool ok = hello->verdict == ShmLink::Verdict::kWelcome && hello->node == to.id &&
+                      hello->uid == ::geteuid() && (*link)->attach(*hello).ok();
+      if (!ok) {
+        if (hello->segment_fd >= 0) ::close(hello->segment_fd);
+        if (hello->wake_fd >= 0) ::close(hello->wake_fd);
+        return give_up();
+      }
+      break;
+    }
+    if (!absl::IsUnavailable(hello.status()) || Clock::now() >= until) return give_up();
+    pollfd p{(*link)->socket(), POLLIN, 0};
+    ::poll(&p, 1, 10);
+  }
+  return (lane.links[to.id] = std::move(*link)).get();
+}
+
+std::optional<DirectLanes::Wait> DirectLanes::call_linked(Lane& lane, const DirectServer& to,
+                                                          std::string_view name, uint64_t type_id,
+                                                          uint64_t reply_type_id,
+                                                          const OutPayload& payload,
+                                                          Clock::time_point deadline,
+                                                          PendingCall& done, bool& sent) {
+  ShmLink* link = link_to(lane, to, deadline);
+  if (link == nullptr) return std::nullopt;  // ZeroMQ then
+  EnvelopeFields env;
+  env.kind = wire::Envelope::Kind::REQUEST;
+  env.type_id = type_id;
+  env.sender = node_id_;
+  env.count = 1;
+  env.correlation = ++lane.last_correlation;
+  env.principal = bus::detail::current_principal();  // this thread's: it made the call
+  auto left = deadline - Clock::now();
+  env.timeout_us = left > Clock::duration::zero()
+                       ? static_cast<uint64_t>(duration_cast<microseconds>(left).count())
+                       : 0;
+  const std::string e = encode_envelope(env);
+  auto broken = [&](const char* why) {
+    lane.links.erase(to.id);
+    fail(lane,
+         absl::AbortedError(absl::StrCat("bus.net: peer gone: node '", to.name, "' (", why, ")")),
+         done);
+    return Wait::kFailed;
+  };
+  // Room in the ring: there is unless the server stopped reading; wait for it as for the reply.
+  for (;;) {
+    ShmLink::Sent s = link->send(name, e, payload.view(), payload.large, shm_.heap_limit / 4);
+    if (s == ShmLink::Sent::kYes) break;
+    if (s == ShmLink::Sent::kBroken) return broken("its link broke");
+    if (s == ShmLink::Sent::kNoHeap) {
+      done.finish(
+          absl::ResourceExhaustedError(
+              "bus.net: no room in the shared-memory heap for the request (shm_heap_limit)"),
+          {});
+      return Wait::kFailed;
+    }
+    if (Clock::now() >= deadline) return Wait::kExpired;
+    if (absl::Status why = gone(to); !why.ok()) {
+      fail(lane, why, done);
+      return Wait::kFailed;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  sent = true;
+  link->wake();
+  const uint64_t correlation = env.correlation;
+  Clock::time_point spin_until = Clock::now() + shm_.spin;
+  for (;;) {
+    bool answered = false;
+    absl::Status st = link->read(kReadBudget, [&](const shm::ParsedFrame& f) {
+      if (answered || (f.type != shm::FrameType::kData && f.type != shm::FrameType::kBlock)) return;
+      const char* payload_at = f.payload;
+      if (f.type == shm::FrameType::kBlock) {
+        payload_at = link->block(f.block, f.payload_bytes);
+        if (payload_at == nullptr) return;  // counted below as a broken link
+      }
+      if (f.type == shm::FrameType::kBlock) {
+        BlockHold hold(*link, f.block, payload_at, f.payload_bytes, nullptr);
+        HoldScope scope(&hold);  // a large reply is read in place
+        answered = on_reply(lane, f.envelope, f.envelope_bytes, payload_at, f.payload_bytes, to,
+                            name, reply_type_id, correlation, done);
+        return;
+      }
+      answered = on_reply(lane, f.envelope, f.envelope_bytes, payload_at, f.payload_bytes, to, name,
+                          reply_type_id, correlation, done);
+    });
+    if (answered) return Wait::kAnswered;
+    if (!st.ok()) return broken("it wrote what does not read as frames");
+    auto now = Clock::now();
+    if (now >= deadline) return Wait::kExpired;
+    if (absl::Status why = gone(to); !why.ok()) {
+      fail(lane, why, done);
+      return Wait::kFailed;
+    }
+    if (now < spin_until) continue;  // the reply is a cache-line transfer away
+    // Asleep on our futex word until the server's bridge writes (and wakes it), a slice at most:
+    // its goodbye and its process's end come on the socket.
+    bool bye = false;
+    if (link->on_socket(bye) == ShmLink::SocketState::kClosed) return broken("its link closed");
+    if (link->sleep_on(1)) {
+      auto slice = std::min<Clock::duration>(kDirectSlice, deadline - now);
+      timespec ts{
+          static_cast<time_t>(duration_cast<std::chrono::seconds>(slice).count()),
+          static_cast<long>((slice % std::chrono::seconds(1)) / std::chrono::nanoseconds(1))};
+      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&link->sleeping_word()), FUTEX_WAIT, 1, &ts,
+                nullptr, 0);
+      link->awake();
+    }
+  }
 }
 
 }  // namespace bus::net::detail

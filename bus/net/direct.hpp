@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 #include <zmq.hpp>
@@ -18,6 +19,7 @@
 #include "bus/net/options.hpp"
 #include "bus/net/stats.hpp"
 #include "sequences.hpp"
+#include "shm_link.hpp"
 #include "wire.hpp"
 #include "zmq_transport.hpp"
 
@@ -29,6 +31,7 @@ struct DirectServer {
   std::string name;
   std::string request_endpoint;
   std::string public_key;
+  bool shm = false;        // linked to this node over shared memory: a lane links to it too
   uint64_t picked_at = 0;  // a call's copy: the generation of the servers it was picked from
 };
 
@@ -42,7 +45,7 @@ class DirectLanes final : public DirectCalls {
   ~DirectLanes() override;
 
   bool call(std::string_view name, uint64_t type_id, uint64_t reply_type_id,
-            std::string_view payload, Clock::time_point deadline, PendingCall& done) override;
+            const OutPayload& payload, Clock::time_point deadline, PendingCall& done) override;
 
   // ---- bridge thread -------------------------------------------------------------------------
 
@@ -70,10 +73,18 @@ class DirectLanes final : public DirectCalls {
   Wait await(Lane& lane, zmq::socket_t& dealer, const DirectServer& to, std::string_view name,
              uint64_t reply_type_id, uint64_t correlation, Clock::time_point deadline,
              PendingCall& done);
+  /// The call over the lane's shared-memory link to `to` (made on first use); nothing when
+  /// there is none to be had (the call takes the lane's DEALER then).
+  std::optional<Wait> call_linked(Lane& lane, const DirectServer& to, std::string_view name,
+                                  uint64_t type_id, uint64_t reply_type_id,
+                                  const OutPayload& payload, Clock::time_point deadline,
+                                  PendingCall& done, bool& sent);
+  /// The lane's link to `to`, made now if it has none; null when none can be made.
+  ShmLink* link_to(Lane& lane, const DirectServer& to, Clock::time_point deadline);
   /// Reads one reply frame; true when it answered `correlation` (`done` was told).
-  bool on_reply(Lane& lane, std::vector<zmq::message_t>& parts, const DirectServer& from,
-                std::string_view name, uint64_t reply_type_id, uint64_t correlation,
-                PendingCall& done);
+  bool on_reply(Lane& lane, const void* envelope, std::size_t envelope_size, const void* payload,
+                std::size_t payload_size, const DirectServer& from, std::string_view name,
+                uint64_t reply_type_id, uint64_t correlation, PendingCall& done);
   /// Why `server` can no longer answer (peer gone since it was picked, the node stopped); OK
   /// while it can.
   absl::Status gone(const DirectServer& server) const;
@@ -85,6 +96,7 @@ class DirectLanes final : public DirectCalls {
 
   zmq::context_t& ctx_;
   const NodeOptions options_;
+  ShmSettings shm_;  // lanes link to servers the bridge is linked to
   const uint64_t node_id_;
   const Limits limits_;
   std::atomic<bool> stopped_{false};

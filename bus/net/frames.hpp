@@ -25,7 +25,7 @@ using std::chrono::milliseconds;
 
 // A topic batch is handed to a transport once it reaches this size (or when the drain that
 // filled it ends): one frame carries many messages, which is what beats one message per frame.
-inline constexpr std::size_t kMaxBatchBytes = 32 * 1024;
+inline constexpr std::size_t kMaxBatchBytes = kLargeMessageBytes;
 // Requests or replies sent in one frame, at most: a batch that is too long serialises the two
 // nodes (one waits while the other works through it); a short one pipelines them.
 inline constexpr std::size_t kSendBatchItems = 256;
@@ -84,6 +84,12 @@ struct OutFrame {
   std::string channel;
   std::string envelope;
   std::string payload;
+  bus::detail::MessageRef large;  // a large message, as it is, in place of `payload`
+  std::string_view payload_view() const {
+    if (!large) return payload;
+    auto w = large.words();
+    return {reinterpret_cast<const char*>(w.begin()), w.size() * sizeof(capnp::word)};
+  }
   uint32_t count = 0;              // messages (0: a heartbeat)
   const Bridged* topic = nullptr;  // a topic batch's channel
   std::vector<uint64_t> handover;  // a heartbeat: the nodes its `handover` names
@@ -126,9 +132,10 @@ class PeerRoute {
  public:
   virtual ~PeerRoute() = default;
   /// Sends, or keeps the frame in the route's backlog while there is no room. False only when
-  /// the backlog is full too.
-  virtual bool send(std::string_view channel, const EnvelopeFields& env,
-                    std::string_view payload) = 0;
+  /// the backlog is full too. `large`: the message `payload` is, when it is one (a peer that
+  /// shares memory reads it in place).
+  virtual bool send(std::string_view channel, const EnvelopeFields& env, std::string_view payload,
+                    const bus::detail::MessageRef* large = nullptr) = 0;
 };
 
 }  // namespace bus::net::detail

@@ -12,6 +12,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "shm_heap.hpp"
 
@@ -121,30 +122,15 @@ std::string shm_socket_name(uint64_t node) {
 
 // ---- a hold on a block of theirs -----------------------------------------------------------
 
-/// One block of theirs that messages read in place. Counted: the frame being read holds it, and
-/// each message made on it; the last release frees our hold entry (any thread), and the mappings
-/// it keeps alive outlive the link if they must.
-class ShmLink::Hold final : public bus::detail::WordsKeeper {
- public:
-  Hold(std::shared_ptr<OwnedSegment> ours, std::shared_ptr<PeerSegment> extent, std::size_t slot)
-      : ours_(std::move(ours)), extent_(std::move(extent)), slot_(slot) {}
-  void retain() { refs_.fetch_add(1, std::memory_order_relaxed); }
-  void release() noexcept override {
-    if (refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    auto* h = reinterpret_cast<LinkHeader*>(ours_->data());
-    // (7) release: our reads of the block come before the entry is free. Pairs with the
-    // acquire loads of unpin_released() in the other process.
-    h->hold[slot_].store(0, std::memory_order_release);
-    h->holds_changed.fetch_add(1, std::memory_order_release);
-    delete this;
-  }
-
- private:
-  std::shared_ptr<OwnedSegment> ours_;
-  std::shared_ptr<PeerSegment> extent_;  // where the words are
-  std::size_t slot_;
-  std::atomic<uint32_t> refs_{1};
-};
+void ShmLink::Hold::release() noexcept {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  auto* h = reinterpret_cast<LinkHeader*>(ours_->data());
+  // (7) release: our reads of the block come before the entry is free. Pairs with the acquire
+  // loads of unpin_released() in the other process.
+  h->hold[slot_].store(0, std::memory_order_release);
+  h->holds_changed.fetch_add(1, std::memory_order_release);
+  delete this;
+}
 
 // ---- making and attaching ------------------------------------------------------------------
 
@@ -298,6 +284,60 @@ absl::Status ShmLink::attach(Hello& hello) {
 
 // ---- our ring ------------------------------------------------------------------------------
 
+namespace {
+/// `bytes` copied into a block of the shared-memory heap, held like a message (empty when the
+/// heap has no room).
+bus::detail::MessageRef heap_copy(std::string_view bytes) {
+  using bus::detail::kStateBytes;
+  const std::size_t words = (bytes.size() + 7) / 8;
+  // Freed like a message buffer of this size, which must be one the heap made.
+  const std::size_t total = std::max(kStateBytes + words * 8, bus::detail::kSharedBufferBytes);
+  void* mem = ShmHeap::instance().allocate(total);
+  if (mem == nullptr) return {};
+  auto* data = reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + kStateBytes);
+  std::memcpy(data, bytes.data(), bytes.size());
+  auto* head = ::new (mem) bus::detail::BufferHead{
+      {1}, static_cast<uint32_t>((total - kStateBytes) / 8 - words), words, data, nullptr};
+  bus::detail::MessageRef ref(head);
+  bus::detail::release_buffer(head);  // the ref holds it now
+  return ref;
+}
+}  // namespace
+
+ShmLink::Sent ShmLink::send(std::string_view channel, std::string_view envelope,
+                            std::string_view payload, const bus::detail::MessageRef& large,
+                            std::size_t quota) {
+  ShmHeap& heap = ShmHeap::instance();
+  std::optional<ShmHeap::Location> at;
+  if (large && large.owns_words()) at = heap.locate(payload.data(), payload.size());
+  // What fits the ring and is not a message of our heap is copied into it: cheaper than a block
+  // for small payloads.
+  if (!at && shm::frame_bytes(FrameType::kData, channel.size(), envelope.size(), payload.size()) <=
+                 max_frame()) {
+    if (write(FrameType::kData, channel, envelope, payload)) return Sent::kYes;
+    return reader_corrupt() ? Sent::kBroken : Sent::kNoRoom;
+  }
+  // A reader that holds `quota` of our blocks is full, like a reader whose ring is: held, then
+  // passed over, so that it cannot take the heap from the others.
+  unpin_released();
+  if (pinned_bytes() + payload.size() > quota) return Sent::kNoRoom;
+  bus::detail::MessageRef block = large;
+  if (!at) {
+    block = heap_copy(payload);
+    if (!block) return Sent::kNoHeap;
+    payload = {reinterpret_cast<const char*>(block.words().begin()), payload.size()};
+    at = heap.locate(payload.data(), payload.size());
+    if (!at) return Sent::kNoHeap;
+  }
+  if (!share_extent(at->extent).ok()) return Sent::kBroken;
+  shm::BlockRef ref{next_block_id(), at->extent, 0, at->offset};
+  if (!write(FrameType::kBlock, channel, envelope, payload, &ref)) {
+    return reader_corrupt() ? Sent::kBroken : Sent::kNoRoom;
+  }
+  pin(ref.id, std::move(block), written());
+  return Sent::kYes;
+}
+
 bool ShmLink::write(FrameType type, std::string_view channel, std::string_view envelope,
                     std::string_view payload, const shm::BlockRef* block) {
   if (!attached()) return false;
@@ -396,7 +436,7 @@ const char* ShmLink::block(const shm::BlockRef& ref, std::size_t bytes) {
   return e.data() + ref.offset;
 }
 
-bus::detail::WordsKeeper* ShmLink::hold(const shm::BlockRef& ref) {
+ShmLink::Hold* ShmLink::hold(const shm::BlockRef& ref) {
   LinkHeader* h = ours_header();
   for (std::size_t i = 0; i < shm::kHolds; ++i) {
     std::size_t slot = (next_hold_ + i) % shm::kHolds;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bus/message.hpp"
+#include "bus/net/detail/channels.hpp"
 #include "shm_ring.hpp"
 #include "shm_segment.hpp"
 
@@ -91,6 +92,13 @@ class ShmLink {
   /// kBlock's reference. The other end is not woken: wake() after a pass's writes.
   bool write(shm::FrameType type, std::string_view channel, std::string_view envelope,
              std::string_view payload, const shm::BlockRef* block = nullptr);
+  enum class Sent { kYes, kNoRoom, kNoHeap, kBroken };
+  /// Writes a data frame: its payload in the ring when it fits, else in a block of our heap (a
+  /// large message that is there already goes as it is, read in place). kNoRoom: the ring, or
+  /// the blocks they hold (`quota` bytes at most), are full; kNoHeap: the heap has no room for
+  /// a copy; kBroken: drop the link.
+  Sent send(std::string_view channel, std::string_view envelope, std::string_view payload,
+            const bus::detail::MessageRef& large, std::size_t quota);
   /// The largest frame write() takes (a quarter of the ring).
   std::size_t max_frame() const { return writer_.capacity() / 4; }
   /// Bytes free in our ring (as last seen).
@@ -125,10 +133,13 @@ class ShmLink {
   /// The bytes of their block, mapped; null when the reference does not lie in an extent they
   /// shared (extents waiting on the socket are taken first).
   const char* block(const shm::BlockRef& ref, std::size_t bytes);
-  /// Keeps the block of frame `ref` (being read now) for messages that read it in place: a
-  /// keeper whose last release() lets the other end reuse it; null when our hold table is full
-  /// (the caller copies).
-  bus::detail::WordsKeeper* hold(const shm::BlockRef& ref);
+  /// One block of theirs that messages read in place, counted: whoever holds a reference calls
+  /// release() once (any thread); the last frees our hold entry, and the mappings it keeps alive
+  /// outlive the link if they must.
+  class Hold;
+  /// Keeps the block of frame `ref` (being read now) for messages that read it in place: one
+  /// reference, for the caller; null when our hold table is full (the caller copies).
+  Hold* hold(const shm::BlockRef& ref);
   /// Holds we have.
   std::size_t holds() const;
 
@@ -160,7 +171,6 @@ class ShmLink {
   bool torn_frame(std::string& channel, std::string& envelope) const;
 
  private:
-  class Hold;
   ShmLink(int sock, uint64_t self, Role role, std::shared_ptr<OwnedSegment> ours)
       : sock_(sock), self_(self), role_(role), ours_(std::move(ours)) {}
   shm::LinkHeader* ours_header() const { return reinterpret_cast<shm::LinkHeader*>(ours_->data()); }
@@ -200,6 +210,20 @@ class ShmLink {
   uint64_t unpin_head_ = 0, unpin_holds_ = ~uint64_t{0};  // what unpin_released() last saw
 };
 
+class ShmLink::Hold final : public bus::detail::WordsKeeper {
+ public:
+  Hold(std::shared_ptr<OwnedSegment> ours, std::shared_ptr<PeerSegment> extent, std::size_t slot)
+      : ours_(std::move(ours)), extent_(std::move(extent)), slot_(slot) {}
+  void retain() { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() noexcept override;
+
+ private:
+  std::shared_ptr<OwnedSegment> ours_;
+  std::shared_ptr<PeerSegment> extent_;  // where the words are
+  std::size_t slot_;
+  std::atomic<uint32_t> refs_{1};
+};
+
 template <class F>
 absl::Status ShmLink::read(std::size_t budget, F&& on) {
   const shm::LinkHeader& t = *theirs_header();
@@ -221,5 +245,39 @@ absl::Status ShmLink::read(std::size_t budget, F&& on) {
   }
   return absl::OkStatus();
 }
+
+/// The block a kBlock frame's payloads lie in, while they are read (set as current_hold()): the
+/// first message that keeps it takes a hold on it, the others share that hold, and the frame lets
+/// go of its own reference when it is read.
+class BlockHold final : public PayloadHold {
+ public:
+  BlockHold(ShmLink& link, const shm::BlockRef& ref, const char* data, std::size_t bytes,
+            uint64_t* in_place)
+      : link_(link), ref_(ref), data_(data), bytes_(bytes), in_place_(in_place) {}
+  BlockHold(const BlockHold&) = delete;
+  BlockHold& operator=(const BlockHold&) = delete;
+  ~BlockHold() {
+    if (hold_ != nullptr) hold_->release();
+  }
+  bool covers(kj::ArrayPtr<const capnp::word> words) const override {
+    auto* begin = reinterpret_cast<const char*>(words.begin());
+    auto* end = reinterpret_cast<const char*>(words.end());
+    return begin >= data_ && end <= data_ + bytes_;
+  }
+  bus::detail::WordsKeeper* keep() override {
+    if (hold_ == nullptr && (hold_ = link_.hold(ref_)) == nullptr) return nullptr;
+    hold_->retain();
+    if (in_place_ != nullptr) ++*in_place_;
+    return hold_;
+  }
+
+ private:
+  ShmLink& link_;
+  shm::BlockRef ref_;
+  const char* data_;
+  std::size_t bytes_;
+  uint64_t* in_place_;  // counted here, when given
+  ShmLink::Hold* hold_ = nullptr;
+};
 
 }  // namespace bus::net::detail

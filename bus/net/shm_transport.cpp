@@ -18,25 +18,7 @@ namespace bus::net::detail {
 
 using shm::FrameType;
 
-namespace {
-/// `bytes` copied into a block of the shared-memory heap, held like a message (empty when the
-/// heap has no room).
-bus::detail::MessageRef heap_copy(std::string_view bytes) {
-  using bus::detail::kStateBytes;
-  const std::size_t words = (bytes.size() + 7) / 8;
-  // Freed like a message buffer of this size, which must be one the heap made.
-  const std::size_t total = std::max(kStateBytes + words * 8, bus::detail::kSharedBufferBytes);
-  void* mem = ShmHeap::instance().allocate(total);
-  if (mem == nullptr) return {};
-  auto* data = reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + kStateBytes);
-  std::memcpy(data, bytes.data(), bytes.size());
-  auto* head = ::new (mem) bus::detail::BufferHead{
-      {1}, static_cast<uint32_t>((total - kStateBytes) / 8 - words), words, data, nullptr};
-  bus::detail::MessageRef ref(head);
-  bus::detail::release_buffer(head);  // the ref holds it now
-  return ref;
-}
-}  // namespace
+namespace {}  // namespace
 
 struct ShmTransport::Link {
   uint64_t id = 0;
@@ -58,7 +40,8 @@ struct ShmTransport::Link {
   struct Waiting {
     FrameType type;
     std::string channel, envelope, payload;
-    std::size_t replies;  // replies it holds (counted unroutable if it never goes)
+    bus::detail::MessageRef large;  // in place of `payload`
+    std::size_t replies;            // replies it holds (counted unroutable if it never goes)
   };
   std::deque<Waiting> backlog;  // point-to-point frames waiting for room, in order
   std::unique_ptr<Publisher> publisher;
@@ -83,7 +66,7 @@ class ShmTransport::Publisher final : public Subscribers {
     if (l_.dead || l_.state != State::kUp || !l_.takes(f.channel)) return true;
     if (l_.handover) {
       if (std::find(f.handover.begin(), f.handover.end(), l_.node) == f.handover.end()) return true;
-      if (!t_.write(l_, f.channel, f.envelope, f.payload)) return false;
+      if (!t_.write(l_, f.channel, f.envelope, f.payload_view(), f.large)) return false;
       l_.handover = false;  // the heartbeat that names it went first: everything follows
       // It lets go of its ZeroMQ subscriptions now: until they are gone, it is not counted twice.
       for (const auto& p : l_.prefixes) ++t_.leaving_[p];
@@ -93,7 +76,7 @@ class ShmTransport::Publisher final : public Subscribers {
       if (l_.link->free_now() < l_.link->ring_capacity() / 2) return true;  // passed over
       l_.cut = false;
     }
-    return t_.write(l_, f.channel, f.envelope, f.payload);
+    return t_.write(l_, f.channel, f.envelope, f.payload_view(), f.large);
   }
   void cut(const OutFrame&) override {
     l_.cut = true;
@@ -112,9 +95,10 @@ class ShmTransport::Publisher final : public Subscribers {
 class ShmTransport::Route final : public PeerRoute {
  public:
   Route(ShmTransport& t, Link& l) : t_(t), l_(l) {}
-  bool send(std::string_view channel, const EnvelopeFields& env,
-            std::string_view payload) override {
-    return t_.send_or_keep(l_, FrameType::kData, channel, encode_envelope(env), payload, 0);
+  bool send(std::string_view channel, const EnvelopeFields& env, std::string_view payload,
+            const bus::detail::MessageRef* large) override {
+    return t_.send_or_keep(l_, FrameType::kData, channel, encode_envelope(env), payload,
+                           large != nullptr ? *large : bus::detail::MessageRef(), 0);
   }
 
  private:
@@ -499,12 +483,18 @@ void ShmTransport::read_frames(Link& l) {
         in.payload_size = f.payload_bytes;
         in.reply_to.link = l.id;
         if (f.type == FrameType::kBlock) {
-          in.payload = l.link->block(f.block, f.payload_bytes);
-          if (in.payload == nullptr) {
+          const char* block = l.link->block(f.block, f.payload_bytes);
+          if (block == nullptr) {
             ++sink_.counters().shm_corrupt;
             drop(l, false, "a heap block outside what it shared");
             return;
           }
+          in.payload = block;
+          // Messages decoded from it read it in place (see PayloadHold).
+          BlockHold hold(*l.link, f.block, block, f.payload_bytes, &sink_.counters().shm_in_place);
+          HoldScope scope(&hold);
+          sink_.on_frame(in);
+          return;
         }
         sink_.on_frame(in);
         return;
@@ -527,7 +517,8 @@ void ShmTransport::subscribe(uint64_t node, const std::string& prefix, bool on) 
   Link* l = by_node(node);
   if (l == nullptr) return;
   // Not dropped when the ring is full: subscriptions wait in the backlog, in order.
-  (void)send_or_keep(*l, on ? FrameType::kSubscribe : FrameType::kUnsubscribe, prefix, {}, {}, 0);
+  (void)send_or_keep(*l, on ? FrameType::kSubscribe : FrameType::kUnsubscribe, prefix, {}, {}, {},
+                     0);
 }
 
 void ShmTransport::subscribers_of(const OutFrame& frame, std::vector<Subscribers*>& out) {
@@ -584,82 +575,53 @@ void ShmTransport::left_zmq(const std::string& topic) {
 }
 
 void ShmTransport::reply(uint64_t link, std::string_view channel, const std::string& envelope,
-                         std::string_view payload, std::size_t replies) {
+                         std::string_view payload, const bus::detail::MessageRef& large,
+                         std::size_t replies) {
   Link* l = find(link);
   if (l == nullptr || l->state != State::kUp) {
     sink_.counters().unroutable_replies += replies;
     return;
   }
   ++sink_.counters().reply_frames;
-  if (!send_or_keep(*l, FrameType::kData, channel, envelope, payload, replies)) {
+  if (!send_or_keep(*l, FrameType::kData, channel, envelope, payload, large, replies)) {
     sink_.counters().unroutable_replies += replies;
   }
 }
 
 bool ShmTransport::write(Link& l, std::string_view channel, const std::string& envelope,
-                         std::string_view payload) {
-  bool ok;
-  if (shm::frame_bytes(FrameType::kData, channel.size(), envelope.size(), payload.size()) <=
-      l.link->max_frame()) {
-    ok = l.link->write(FrameType::kData, channel, envelope, payload);
-  } else {
-    ok = write_block(l, channel, envelope, payload, {});
-  }
-  l.written = l.written || ok;
-  if (l.link->reader_corrupt()) {
-    ++sink_.counters().shm_corrupt;
-    drop(l, false, "its read position is not one we wrote");
-    return true;
-  }
-  return ok;
-}
-
-bool ShmTransport::write_block(Link& l, std::string_view channel, const std::string& envelope,
-                               std::string_view payload, bus::detail::MessageRef in_heap) {
-  ShmHeap& heap = ShmHeap::instance();
-  // A reader that holds a quarter of the heap is full, like a reader whose ring is: held, then
-  // passed over, so that it cannot take the heap from the others.
-  if (l.link->pinned_bytes() + payload.size() > settings_.heap_limit / 4) return false;
-  std::optional<ShmHeap::Location> at;
-  if (in_heap) at = heap.locate(payload.data(), payload.size());
-  if (!at) {
-    in_heap = heap_copy(payload);
-    if (!in_heap) {
+                         std::string_view payload, const bus::detail::MessageRef& large) {
+  switch (l.link->send(channel, envelope, payload, large, settings_.heap_limit / 4)) {
+    case ShmLink::Sent::kYes: l.written = true; return true;
+    case ShmLink::Sent::kNoRoom: return false;
+    case ShmLink::Sent::kNoHeap:
       ++sink_.counters().shm_heap_full;
-      sink_.log_once("shm-heap", std::string(heap.last_error().message()));
+      sink_.log_once("shm-heap", std::string(ShmHeap::instance().last_error().message()));
       return false;
-    }
-    payload =
-        std::string_view(reinterpret_cast<const char*>(in_heap.words().begin()), payload.size());
-    at = heap.locate(payload.data(), payload.size());
-    if (!at) return false;
+    case ShmLink::Sent::kBroken:
+      ++sink_.counters().shm_corrupt;
+      drop(l, false, "its read position is not one we wrote, or its socket failed");
+      return true;
   }
-  if (absl::Status st = l.link->share_extent(at->extent); !st.ok()) {
-    drop(l, false, std::string(st.message()));
-    return true;
-  }
-  shm::BlockRef ref{l.link->next_block_id(), at->extent, 0, at->offset};
-  if (!l.link->write(FrameType::kBlock, channel, envelope, payload, &ref)) return false;
-  l.link->pin(ref.id, std::move(in_heap), l.link->written());
-  return true;
+  return false;
 }
 
 bool ShmTransport::send_or_keep(Link& l, FrameType type, std::string_view channel,
                                 std::string envelope, std::string_view payload,
-                                std::size_t replies) {
+                                bus::detail::MessageRef large, std::size_t replies) {
   auto put = [&]() -> bool {
     if (type != FrameType::kData) {
       bool ok = l.link->write(type, channel, {}, {});
       l.written = l.written || ok;
       return ok;
     }
-    return write(l, channel, envelope, payload);
+    return write(l, channel, envelope, payload, large);
   };
   if (l.backlog.empty() && put()) return true;
   if (l.dead) return false;
   if (l.backlog.size() >= kMaxPeerBacklog) return false;
-  l.backlog.push_back(
-      {type, std::string(channel), std::move(envelope), std::string(payload), replies});
+  // Kept as it is: a large message stays the message (held), anything else is copied.
+  l.backlog.push_back({type, std::string(channel), std::move(envelope),
+                       large ? std::string() : std::string(payload), std::move(large), replies});
   ++backlogged_;
   return true;
 }
@@ -676,7 +638,13 @@ void ShmTransport::flush() {
         ok = l->link->write(w.type, w.channel, {}, {});
         l->written = l->written || ok;
       } else {
-        ok = write(*l, w.channel, w.envelope, w.payload);
+        std::string_view payload = w.payload;
+        if (w.large) {
+          auto words = w.large.words();
+          payload = {reinterpret_cast<const char*>(words.begin()),
+                     words.size() * sizeof(capnp::word)};
+        }
+        ok = write(*l, w.channel, w.envelope, payload, w.large);
       }
       if (!ok) break;
       l->backlog.pop_front();

@@ -66,7 +66,7 @@ class ShmTransport {
   uint64_t link_of(uint64_t node) const;
   /// A reply frame to `link`; counted unroutable when the link is gone or its backlog is full.
   void reply(uint64_t link, std::string_view channel, const std::string& envelope,
-             std::string_view payload, std::size_t replies);
+             std::string_view payload, const bus::detail::MessageRef& large, std::size_t replies);
   /// Remote subscriptions to `topic` over links (one per subscribed node).
   std::size_t subscribers(std::string_view topic) const;
   /// ZeroMQ subscriptions to `topic` of nodes whose handover to a link is done: they go soon,
@@ -120,14 +120,11 @@ class ShmTransport {
   void read_frames(Link& l);
   /// Writes a frame to `l` now (a heap block for a large payload): false when there is no room.
   bool write(Link& l, std::string_view channel, const std::string& envelope,
-             std::string_view payload);
-  /// A frame whose payload is in a heap block of ours (copied there first, or already there).
-  bool write_block(Link& l, std::string_view channel, const std::string& envelope,
-                   std::string_view payload, bus::detail::MessageRef in_heap);
+             std::string_view payload, const bus::detail::MessageRef& large);
   /// Writes `type` (kData: a point-to-point frame; kSubscribe, kUnsubscribe) now, or keeps it in
   /// the link's backlog, in order, while there is no room. False when the backlog is full.
   bool send_or_keep(Link& l, shm::FrameType type, std::string_view channel, std::string envelope,
-                    std::string_view payload, std::size_t replies);
+                    std::string_view payload, bus::detail::MessageRef large, std::size_t replies);
   void drop(Link& l, bool died, const std::string& why);
   void reap();
 

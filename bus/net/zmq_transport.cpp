@@ -128,7 +128,7 @@ class ZmqTransport::Publisher final : public Subscribers {
       parts_.clear();
       parts_.emplace_back(f.channel.data(), f.channel.size());
       parts_.emplace_back(f.envelope.data(), f.envelope.size());
-      parts_.push_back(frame(f.payload));
+      parts_.push_back(frame(f.payload_view()));
       pending_ = &f;
     }
     return parts_;
@@ -144,8 +144,8 @@ class ZmqTransport::Route final : public PeerRoute {
  public:
   Route(ZmqTransport& t, std::unique_ptr<zmq::socket_t> d) : t_(t), dealer(std::move(d)) {}
 
-  bool send(std::string_view channel, const EnvelopeFields& env,
-            std::string_view payload) override {
+  bool send(std::string_view channel, const EnvelopeFields& env, std::string_view payload,
+            const bus::detail::MessageRef*) override {
     std::string e = encode_envelope(env);
     if (backlog.empty()) {
       t_.touched(dealer->handle());

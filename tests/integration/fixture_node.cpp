@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "integration/channels.hpp"
+#include "support/node_support.hpp"
 #include "support/test_support.hpp"
 
 using namespace std::chrono_literals;
@@ -47,6 +48,8 @@ constexpr char kUsage[] =
     "  --etcd-related-only      listen only to nodes sharing a channel with this one\n"
     "  --advertise-publish=EP --resolve-every-ms=N\n"
     "  --heartbeat-ms=N --dead-after=N --stall-limit-ms=N\n"
+    "  --transport=auto|zmq|shm  how peers are reached (default: $BUS_TEST_TRANSPORT, else auto)\n"
+    "  --shm-ring-bytes=N --shm-heap-limit=N\n"
     "  --subscription-queue=N --subscriber-timeout-ms=N\n"
     "  --reading-bytes=N        pad each published reading to about N bytes\n"
     "  --slow-us=N              the readings subscriber takes N us per reading (a slow reader)\n"
@@ -81,6 +84,8 @@ struct Flags {
   std::vector<std::string> allow;
   std::vector<std::string> etcd;
   std::string etcd_prefix = "/bus/", advertise_publish;
+  std::string transport = bus_test::transport_name_from_env();
+  long shm_ring_bytes = 0, shm_heap_limit = 0;
   long resolve_every_ms = 0;
   bool etcd_related_only = false;
   bool export_readings = false, import_readings = false, export_mistyped = false;
@@ -99,7 +104,8 @@ std::optional<Flags> parse(int argc, char** argv) {
       {"--etcd-prefix", &f.etcd_prefix},
       {"--advertise-publish", &f.advertise_publish},
       {"--curve-public", &f.curve.public_key},
-      {"--curve-secret", &f.curve.secret_key}};
+      {"--curve-secret", &f.curve.secret_key},
+      {"--transport", &f.transport}};
   const std::map<std::string_view, long*> numbers = {
       {"--heartbeat-ms", &f.heartbeat_ms},
       {"--resolve-every-ms", &f.resolve_every_ms},
@@ -115,7 +121,9 @@ std::optional<Flags> parse(int argc, char** argv) {
       {"--parent", &f.parent},
       {"--limit", &f.limit},
       {"--limit-window-ms", &f.limit_window_ms},
-      {"--limit-exchange-ms", &f.limit_exchange_ms}};
+      {"--limit-exchange-ms", &f.limit_exchange_ms},
+      {"--shm-ring-bytes", &f.shm_ring_bytes},
+      {"--shm-heap-limit", &f.shm_heap_limit}};
   const std::map<std::string_view, bool*> switches = {
       {"--export-readings", &f.export_readings},
       {"--import-readings", &f.import_readings},
@@ -228,6 +236,9 @@ int main(int argc, char** argv) {
           .heartbeat(std::chrono::milliseconds(f.heartbeat_ms), static_cast<unsigned>(f.dead_after))
           .send_stall_limit(std::chrono::milliseconds(f.stall_limit_ms));
   if (!f.advertise.empty()) options.advertise(f.advertise);
+  options.transport(bus_test::transport_of(f.transport));
+  if (f.shm_ring_bytes > 0) options.shm_ring_bytes(static_cast<std::size_t>(f.shm_ring_bytes));
+  if (f.shm_heap_limit > 0) options.shm_heap_limit(static_cast<std::size_t>(f.shm_heap_limit));
   if (f.subscription_queue > 0) options.subscription_queue(static_cast<int>(f.subscription_queue));
   if (f.subscriber_timeout_ms >= 0) {
     options.subscriber_timeout(std::chrono::milliseconds(f.subscriber_timeout_ms));

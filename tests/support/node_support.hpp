@@ -4,8 +4,22 @@
 #include <bus/bus.hpp>
 #include <bus/net/node.hpp>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 
 namespace bus_test {
+
+/// The transport tests ask for: $BUS_TEST_TRANSPORT (auto, zmq or shm; ctest runs the bridge's
+/// suites once with each of auto and zmq), else auto.
+inline std::string transport_name_from_env() {
+  const char* t = std::getenv("BUS_TEST_TRANSPORT");
+  return t != nullptr && *t != '\0' ? t : "auto";
+}
+inline bus::net::Transport transport_of(const std::string& name) {
+  if (name == "zmq") return bus::net::Transport::kZeroMq;
+  if (name == "shm") return bus::net::Transport::kSharedMemory;
+  return bus::net::Transport::kAuto;
+}
 
 /// A node on 127.0.0.1 with ports the system picks.
 inline bus::net::NodeOptions local_node(const char* name) {
@@ -14,7 +28,8 @@ inline bus::net::NodeOptions local_node(const char* name) {
       .name(name)
       .publish_on("tcp://127.0.0.1:*")
       .requests_on("tcp://127.0.0.1:*")
-      .heartbeat(50ms, 40);  // no test here needs a quick death; a sanitized node misses beats
+      .heartbeat(50ms, 40)  // no test here needs a quick death; a sanitized node misses beats
+      .transport(transport_of(transport_name_from_env()));
 }
 
 /// Two nodes that listen to each other, "a" on bus_a and "b" on bus_b.

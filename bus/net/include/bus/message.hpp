@@ -60,8 +60,9 @@ struct MessageAccess;
 /// Message buffers this large or larger come from the process's shared-memory heap once a node
 /// that shares memory with peers on its host runs (bus/net/shm_heap.hpp): sending one to such a
 /// peer then copies nothing, the peer reads the builder's bytes in place. Smaller ones are
-/// copied through the link's ring, which costs less than sharing a block.
-inline constexpr std::size_t kSharedBufferBytes = 16 * 1024;
+/// batched, many to a frame, and copied through the link's ring, which costs less than sharing
+/// a block.
+inline constexpr std::size_t kSharedBufferBytes = 32 * 1024;
 /// The shared-memory heap's block when it is on and has room, else the pool's.
 void* alloc_shared_buffer(std::size_t bytes);
 void free_shared_buffer(void* p, std::size_t bytes);

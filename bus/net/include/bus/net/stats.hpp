@@ -88,6 +88,7 @@ struct NodeStats {
   // Shared memory with peers on this host.
   uint64_t shm_links = 0;
   uint64_t shm_handovers = 0;
+  uint64_t shm_in_place = 0;
   uint64_t shm_refused = 0;
   uint64_t shm_corrupt = 0;
   uint64_t shm_torn_frames = 0;
@@ -143,6 +144,9 @@ inline constexpr NodeFigure kNodeFigures[] = {
     {"shm_handovers",
      "Publishers whose topics moved from ZeroMQ to a shared-memory link (nothing lost or twice).",
      &NodeStats::shm_handovers},
+    {"shm_in_place",
+     "Large messages from peers on this host read in place in their shared memory (no copy).",
+     &NodeStats::shm_in_place},
     {"shm_refused",
      "Shared-memory links that could not be made (the peer stays on ZeroMQ), or were refused.",
      &NodeStats::shm_refused},

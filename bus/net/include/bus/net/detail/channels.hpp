@@ -7,6 +7,7 @@
 #include <absl/strings/str_cat.h>
 #include <kj/exception.h>
 
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,50 @@ void append_message(capnp::MessageBuilder& builder, std::string& out);
 capnp::ReaderOptions reader_options(const Limits& limits);
 std::string describe(const kj::Exception& e);
 
+/// Messages this large or larger go alone in their frame, as they are (a peer that shares memory
+/// reads them in place); smaller ones are batched, many to a frame of up to this size.
+inline constexpr std::size_t kLargeMessageBytes = bus::detail::kSharedBufferBytes;
+
+/// One message on its way out: its bytes, or, for a large Message (kLargeMessageBytes and more),
+/// the message itself, which a peer that shares memory with this process reads in place.
+struct OutPayload {
+  std::string bytes;
+  bus::detail::MessageRef large;
+  std::string_view view() const {
+    if (!large) return bytes;
+    auto w = large.words();
+    return {reinterpret_cast<const char*>(w.begin()), w.size() * sizeof(capnp::word)};
+  }
+  std::size_t size() const { return view().size(); }
+};
+
+/// Words that lie in a peer's shared memory while the bridge hands them over: a decoder may
+/// keep them (a Message that reads them in place) instead of copying them.
+class PayloadHold {
+ public:
+  /// True when `words` lie in the held block.
+  virtual bool covers(kj::ArrayPtr<const capnp::word> words) const = 0;
+  /// A keeper for one more message on the block (released with its last copy); null when
+  /// none can be had (the decoder copies).
+  virtual bus::detail::WordsKeeper* keep() = 0;
+
+ protected:
+  ~PayloadHold() = default;
+};
+/// The hold of the payload being handed over on this thread (the bridge's), or null.
+PayloadHold*& current_hold();
+/// Sets current_hold() for a scope.
+class HoldScope {
+ public:
+  explicit HoldScope(PayloadHold* h) : was_(current_hold()) { current_hold() = h; }
+  HoldScope(const HoldScope&) = delete;
+  HoldScope& operator=(const HoldScope&) = delete;
+  ~HoldScope() { current_hold() = was_; }
+
+ private:
+  PayloadHold* was_;
+};
+
 /// Appends `v` as one Cap'n Proto message to `out`.
 template <Bridgeable T>
 void encode(const T& v, std::string& out) {
@@ -41,6 +86,20 @@ void encode(const T& v, std::string& out) {
     Codec<T>::encode(v, builder.get().initRoot<typename Codec<T>::Schema>());
     append_message(builder.get(), out);
   }
+}
+
+/// `v` on its way out: a large Message as it is, anything else encoded.
+template <Bridgeable T>
+OutPayload encode_out(const T& v) {
+  OutPayload out;
+  if constexpr (bus::detail::IsMessage<T>::value) {
+    if (v.bytes().size() >= kLargeMessageBytes) {
+      out.large = bus::detail::MessageAccess::ref(v);
+      return out;
+    }
+  }
+  encode(v, out.bytes);
+  return out;
 }
 
 /// The segment of `payload` (one message in stream framing, aligned) when Cap'n Proto may read it
@@ -64,6 +123,12 @@ absl::StatusOr<T> decode(kj::ArrayPtr<const capnp::word> words, const Limits& li
       // What an honest sender writes: its words become the message's with one copy and a walk
       // of its pointers, no reader or builder.
       if (auto segment = readable_unchecked(words, limits); segment.size() != 0) {
+        // In a peer's shared memory: read in place, kept until the message's last copy goes.
+        if (PayloadHold* hold = current_hold(); hold != nullptr && hold->covers(words)) {
+          if (bus::detail::WordsKeeper* keeper = hold->keep()) {
+            return bus::detail::MessageAccess::view<S>(words, keeper);
+          }
+        }
         return bus::detail::MessageAccess::from_segment<S>(segment);
       }
     }
@@ -86,12 +151,20 @@ absl::StatusOr<T> decode(kj::ArrayPtr<const capnp::word> words, const Limits& li
   }
 }
 
-/// Outgoing topic messages not yet handed to ZeroMQ (one batch per exported topic).
+/// Outgoing topic messages not yet handed to a transport (per exported topic): the open batch,
+/// and, when a large message came, what waits in order before the batch (a large message goes
+/// as it is, in a frame of its own).
 struct Outbox {
-  std::string bytes;
+  std::string bytes;  // the open batch
   uint32_t count = 0;
   uint64_t next_seq = 1;
   bool queued = false;
+  struct Piece {
+    std::string bytes;  // a closed batch of `count` messages, or:
+    uint32_t count = 0;
+    bus::detail::MessageRef large;  // one large message
+  };
+  std::deque<Piece> pieces;
 };
 
 /// The end of a request forwarded to another node: completed once, by the reply or a failure.
@@ -112,7 +185,7 @@ class DirectCalls {
   /// peer gone, the node stopped) on this thread, and true is returned; false when `deadline`
   /// passed first (`done` is not called). Any thread.
   virtual bool call(std::string_view name, uint64_t type_id, uint64_t reply_type_id,
-                    std::string_view payload, Clock::time_point deadline, PendingCall& done) = 0;
+                    const OutPayload& payload, Clock::time_point deadline, PendingCall& done) = 0;
 };
 
 /// Where the reply to a request goes: back through the ROUTER to `identity` (ZeroMQ), or over
@@ -146,21 +219,23 @@ class Link {
   virtual const Limits& limits() const = 0;
   /// `out` of `channel` has new messages: publish them when this drain ends.
   virtual void queue_publish(Bridged& channel, Outbox& out) = 0;
+  /// A large message of `channel`, published as it is (after what `out` holds).
+  virtual void publish_large(Bridged& channel, Outbox& out, bus::detail::MessageRef message) = 0;
   /// A message of `bytes` for `channel` is over max_message_bytes: counts and logs it (no
   /// receiver would take it) and returns true.
   virtual bool oversized(const Bridged& channel, std::size_t bytes) = 0;
   /// Sends a request, for `principal` (or nobody), to a live node serving `channel`. Takes
   /// `pending` and finishes it (now with a failure, or later with the reply, a timeout or "peer
   /// gone").
-  virtual void call(Bridged& channel, std::string payload, Clock::time_point deadline,
+  virtual void call(Bridged& channel, OutPayload payload, Clock::time_point deadline,
                     PrincipalPtr principal, std::unique_ptr<PendingCall> pending) = 0;
   /// Calls from other threads that do not pass through the bridge thread (see DirectCalls). It
   /// may outlive the link.
   virtual std::shared_ptr<DirectCalls> direct_calls() = 0;
   /// Sends a queue message to a live node consuming `channel`.
-  virtual absl::Status send(Bridged& channel, std::string payload) = 0;
+  virtual absl::Status send(Bridged& channel, OutPayload payload) = 0;
   virtual void reply(Bridged& channel, const RemoteCall& to, const absl::Status& status,
-                     std::string payload) = 0;
+                     OutPayload payload) = 0;
 };
 
 /// Bus internals the bridge needs (remote proxies are consumers the bus routes to).
@@ -344,6 +419,14 @@ class ExportTopic final : public Bridged {
       : Bridged(Role::kExportTopic, t, schema_id<T>(), 0), topic_(t) {}
   void start(Link& link) override {
     sub_ = link.inbox().subscribe(topic_, [this, &link](const T& m) {
+      if constexpr (bus::detail::IsMessage<T>::value) {
+        if (m.bytes().size() >= kLargeMessageBytes) {
+          if (!link.oversized(*this, m.bytes().size())) {
+            link.publish_large(*this, out, bus::detail::MessageAccess::ref(m));
+          }
+          return;
+        }
+      }
       std::size_t before = out.bytes.size();
       encode(m, out.bytes);
       if (link.oversized(*this, out.bytes.size() - before)) {
@@ -444,9 +527,7 @@ class ImportQueue final : public Bridged {
     if (proxy_ == nullptr) {
       proxy_ = BusAccess::add_remote_consumer<T>(
           link.bus(), queue_, BusAccess::inbox(link.inbox()), [this, &link](T&& m) {
-            std::string payload;
-            encode(m, payload);
-            (void)link.send(*this, std::move(payload));  // refusals are counted by the bridge
+            (void)link.send(*this, encode_out(m));  // refusals are counted by the bridge
           });
       return;
     }
@@ -491,9 +572,9 @@ class ExportEndpoint final : public Bridged {
     // From the bridge thread, the bus routes to local servers only.
     BusAccess::request_local(link.bus(), link.inbox(), endpoint_, std::move(*req), timeout,
                              [this, &link, call = std::move(call)](absl::StatusOr<Rep> rep) {
-                               std::string bytes;
-                               if (rep.ok()) encode(*rep, bytes);
-                               link.reply(*this, call, rep.status(), std::move(bytes));
+                               OutPayload out;
+                               if (rep.ok()) out = encode_out(*rep);
+                               link.reply(*this, call, rep.status(), std::move(out));
                              });
   }
 
@@ -532,8 +613,7 @@ class ImportEndpoint final : public Bridged {
     uint64_t type_id, reply_type_id;
     Limits limits;
     std::optional<absl::StatusOr<Rep>> operator()(Req&& req, Clock::time_point deadline) const {
-      std::string payload;
-      encode(req, payload);
+      OutPayload payload = encode_out(req);
       struct Answer final : PendingCall {
         explicit Answer(const Limits& l) : limits(l) {}
         void finish(absl::Status status, kj::ArrayPtr<const capnp::word> payload) override {
@@ -560,8 +640,7 @@ class ImportEndpoint final : public Bridged {
       proxy_ = BusAccess::add_remote_server<Req, Rep>(
           link.bus(), endpoint_, BusAccess::inbox(link.inbox()),
           [this, &link, &state](Envelope&& env) {
-            std::string payload;
-            encode(env.request, payload);
+            OutPayload payload = encode_out(env.request);
             Clock::time_point deadline = env.deadline;
             PrincipalPtr principal = env.principal;
             link.call(*this, std::move(payload), deadline, std::move(principal),
