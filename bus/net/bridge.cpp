@@ -21,6 +21,17 @@ namespace {
 constexpr auto kSpin = std::chrono::microseconds(50);
 // How often every socket is asked for its events, whatever their ZMQ_FDs say (a safety net).
 constexpr auto kAskAllEvery = std::chrono::seconds(1);
+// While traffic flows over shared-memory links, most passes look at the links' rings only (no
+// system call); a full pass (poll(2), ZeroMQ's sockets, the links' sockets) comes this often.
+constexpr auto kFullPassEvery = std::chrono::microseconds(20);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 }  // namespace
 
 // ---- lifecycle -----------------------------------------------------------------------------
@@ -28,7 +39,7 @@ constexpr auto kAskAllEvery = std::chrono::seconds(1);
 Bridge::Bridge(Bus& bus, NodeOptions options)
     : bus_(bus),
       opt_(std::move(options)),
-      limits_{opt_.max_message_bytes(), opt_.traversal_limit_words(), opt_.nesting_limit()},
+      limits_{opt_.largest_message(), opt_.traversal_limit_words(), opt_.nesting_limit()},
       id_(random_id()),
       zmq_(opt_, id_, *this),
       shm_(opt_, id_, *this, *this),
@@ -264,6 +275,17 @@ void Bridge::loop() {
 }
 
 void Bridge::wait_for_work(Pass& pass) {
+  if (awake_ && shm_.links() > 0 && !gate_.holding()) {
+    // Spinning on shared memory: a frame on a link is a cache line away, a system call costs
+    // more than the frame. The inbox is drained on every pass while awake, whatever its eventfd.
+    auto now = Clock::now();
+    if (now < next_full_pass_) {
+      while (!shm_.has_input() && Clock::now() < next_full_pass_) cpu_relax();
+      pass.quick = true;
+      return;
+    }
+    next_full_pass_ = now + kFullPassEvery;
+  }
   PollSet& set = pass.set;
   pass.at_wake = set.add(wake_fd_, POLLIN);
   // While a subscriber or a peer holds local input back, the inbox is not drained: its eventfd
@@ -308,6 +330,17 @@ void Bridge::wait_for_work(Pass& pass) {
 }
 
 void Bridge::read_peers(Pass& pass) {
+  if (pass.quick) {
+    Batch batch(bus_);
+    std::size_t read_before = messages_read_;
+    const uint64_t control_before = control_read_;
+    shm_.read_links();
+    if (!linked_.empty()) replay_handovers();
+    pass.read_work = messages_read_ - read_before - (control_read_ - control_before);
+    pass.work += pass.read_work;
+    shm_.flush();
+    return;
+  }
   {
     // Everything arriving in one pass is published to local subscribers at once.
     Batch batch(bus_);
@@ -336,7 +369,7 @@ void Bridge::take_local_input(Pass& pass) {
     if (pass.fresh_stall) std::this_thread::yield();
     return;
   }
-  if (!awake_ && armed_ && !pass.set.in(pass.at_inbox) && !pass.inbox_due) return;
+  if (!awake_ && armed_ && !pass.quick && !pass.set.in(pass.at_inbox) && !pass.inbox_due) return;
   // Armed (its last drain was a drain()), the inbox is drained only when its eventfd or a timer
   // says so: a drain costs a membarrier (end_drain's heavy barrier), and an idle node wakes for
   // its peers only. Not armed (a drain_awake() last, then a pause), producers do not write the
@@ -365,12 +398,15 @@ void Bridge::spin_or_rest(const Pass& pass) {
   // within kSpin of the last work. A lone message read after a longer quiet does not: a request
   // served in the same pass (Node::serve), or a reply, is usually all there is, and on a core
   // shared with the transport's threads spinning only delays what it must send.
+  // With shared-memory links, how long is theirs to say (shm_spin): a reader that polls gets a
+  // frame a cache-line transfer after it is written; one that sleeps, a wake-up later.
+  const Clock::duration spin = shm_.links() > 0 ? Clock::duration(opt_.shm_spin()) : kSpin;
   if (pass.work > 0) {
     const auto at = Clock::now();
-    if (pass.work > 1 || pass.read_work < pass.work || at - last_work_ < kSpin) awake_ = true;
+    if (pass.work > 1 || pass.read_work < pass.work || at - last_work_ < spin) awake_ = true;
     last_work_ = at;
   } else if (awake_) {
-    if (Clock::now() - last_work_ > kSpin) {
+    if (Clock::now() - last_work_ > spin) {
       awake_ = false;
       if (!pass.paused) {
         armed_ = true;

@@ -149,6 +149,7 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
     std::size_t work = 0;       // records drained and messages read
     std::size_t read_work = 0;  // of `work`, messages read from peers (heartbeats aside)
     bool paused = false;        // local input held back this pass
+    bool quick = false;         // spinning on shared memory: no poll(2), links' rings only
   };
 
   void run(std::promise<void>& ready);
@@ -178,6 +179,7 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   void on_frame(const InFrame& frame) override;
   void on_malformed(absl::string_view from, const absl::Status& why) override;
   void on_subscription(const std::string& topic, bool added, bool link) override;
+  void on_torn(absl::string_view channel, const std::string& envelope) override;
   std::size_t messages_read() const override { return messages_read_; }
   NodeStats& counters() override { return counters_; }
   void log_once(const std::string& key, const std::string& what) override;
@@ -317,6 +319,7 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   Clock::time_point next_check_{};
   Clock::time_point next_ask_all_{};
   Clock::time_point last_work_{};
+  Clock::time_point next_full_pass_{};  // while spinning on shared memory (see wait_for_work)
   bool awake_ = false;  // traffic flows: poll without blocking, keep the inbox awake
   bool armed_ = false;  // the inbox's producers write its eventfd (see take_local_input)
   // Publishers found by membership sources (endpoint -> the sources that list it), and the

@@ -44,6 +44,15 @@ void Bridge::on_subscription(const std::string& topic, bool added, bool link) {
   changed();
 }
 
+void Bridge::on_torn(absl::string_view channel, const std::string& envelope) {
+  absl::StatusOr<EnvelopeFields> env = decode_envelope(envelope.data(), envelope.size());
+  if (!env.ok() || env->kind != wire::Envelope::Kind::PUBLISH) return;
+  auto it = import_topics_.find(channel);
+  if (it == import_topics_.end() || !subscribed_.contains(it->first)) return;
+  // As if its next heartbeat had said how far its numbering went.
+  ledger_.lost_before(env->sender, it->first, env->seq + env->count, known(env->sender));
+}
+
 void Bridge::on_frame(const InFrame& f) {
   const char* from = stream_name(f.stream);
   absl::StatusOr<EnvelopeFields> env = decode_envelope(f.envelope, f.envelope_size);
@@ -117,8 +126,17 @@ void Bridge::deliver(Bridged& ch, const EnvelopeFields& env, const Payloads& pay
                           absl::Hex(ch.type_id), " (the two programs disagree on the type)"));
     return;
   }
+  const std::size_t limit = opt_.message_limit_of(ch.name);
   for (std::size_t i = seen; i < std::min<std::size_t>(take, payloads.items().size()); ++i) {
     auto payload = payloads.items()[i];
+    if (payload.size() * sizeof(capnp::word) > limit) {
+      ++counters_.oversized;
+      log_once(absl::StrCat("oversized:", ch.name),
+               absl::StrCat("dropped a ", payload.size() * sizeof(capnp::word),
+                            "-byte message on '", ch.name, "': over its limit of ", limit,
+                            " bytes (NodeOptions::message_limit, or max_message_bytes)"));
+      continue;
+    }
     if (absl::Status st = ch.deliver(*this, payload); !st.ok()) {
       ++t.rejected;
       log_once(absl::StrCat("decode:", ch.name),
@@ -203,12 +221,25 @@ void Bridge::on_request(const InFrame& f, EnvelopeFields& env) {
     for (const RemoteCall& call : calls) reply(ch, call, wrong, {});
     return;
   }
-  t.received += calls.size();
+  const std::size_t limit = opt_.message_limit_of(name);
+  std::vector<bool> refused(calls.size(), false);
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    if (payloads.items()[i].size() * sizeof(capnp::word) <= limit) continue;
+    // The one over the channel's limit is refused; the others of the batch go on.
+    ++counters_.oversized;
+    refused[i] = true;
+    reply(ch, calls[i],
+          absl::ResourceExhaustedError(absl::StrCat("bus.net: request over the limit of '", name,
+                                                    "' (", limit, " bytes)")),
+          {});
+  }
+  traffic(name, known(env.sender)).received += calls.size();  // `t` may have moved: replies add rows
   // Bounded: a peer may send any 64-bit value (UINT64_MAX for "no deadline", say).
   constexpr uint64_t kMaxTimeoutUs = uint64_t{24} * 3600 * 1'000'000;
   // The local servers (and what they request in turn) act for the envelope's principal.
   PrincipalScope acting_for(env.principal);
   for (std::size_t i = 0; i < calls.size(); ++i) {
+    if (refused[i]) continue;
     uint64_t timeout = env.items.empty() ? env.timeout_us : env.items[i].timeout_us;
     ch.serve(*this, std::move(calls[i]), payloads.items()[i],
              microseconds(std::min(timeout, kMaxTimeoutUs)));

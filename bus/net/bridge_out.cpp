@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "bridge.hpp"
+#include "shm_heap.hpp"
 
 namespace bus::net::detail {
 
@@ -17,11 +18,13 @@ using namespace std::chrono_literals;
 // ---- publishing ----------------------------------------------------------------------------
 
 bool Bridge::oversized(const Bridged& channel, std::size_t bytes) {
-  if (bytes <= limits_.max_message_bytes) return false;
+  const std::size_t limit = opt_.message_limit_of(channel.name);
+  if (bytes <= limit) return false;
   ++counters_.oversized;
   log_once(absl::StrCat("oversized-out:", channel.name),
            absl::StrCat("did not send a ", bytes, "-byte message on '", channel.name,
-                        "': over max_message_bytes (", limits_.max_message_bytes, ")"));
+                        "': over its limit of ", limit,
+                        " bytes (NodeOptions::message_limit, or max_message_bytes)"));
   return true;
 }
 
@@ -217,7 +220,7 @@ void Bridge::call_to(uint64_t to, Bridged& channel, OutPayload payload, Clock::t
   if (oversized(channel, payload.size())) {
     pending->finish(
         absl::ResourceExhaustedError(absl::StrCat("bus.net: request of ", payload.size(),
-                                                  " bytes is over max_message_bytes")),
+                                                  " bytes is over its channel's limit")),
         {});
     return;
   }
@@ -357,7 +360,7 @@ absl::Status Bridge::send(Bridged& channel, OutPayload payload) {
   PeerState* peer = peers_.pick(channel, /*endpoint=*/false);
   absl::Status st;
   if (oversized(channel, payload.size())) {
-    st = absl::ResourceExhaustedError("bus.net: queue message over max_message_bytes");
+    st = absl::ResourceExhaustedError("bus.net: queue message over its channel's limit");
   } else if (peer == nullptr) {
     st =
         absl::UnavailableError(absl::StrCat("bus.net: no live node consumes '", channel.name, "'"));
@@ -390,7 +393,8 @@ absl::Status Bridge::send(Bridged& channel, OutPayload payload) {
 void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& status,
                    OutPayload payload) {
   if (status.ok() && oversized(channel, payload.size())) {
-    return reply(channel, to, absl::ResourceExhaustedError("bus.net: reply over max_message_bytes"),
+    return reply(channel, to,
+                 absl::ResourceExhaustedError("bus.net: reply over its channel's limit"),
                  {});
   }
   if (to.batched && !payload.large) {
@@ -628,6 +632,8 @@ std::vector<PeerInfo> Bridge::peers() const {
 NodeStats Bridge::stats() const {
   NodeStats s = counters_;
   membership_counters_.add_to(s);
+  s.shm_heap_bytes = ShmHeap::instance().in_use();
+  s.shm_pinned_bytes = shm_.pinned_bytes();
   s.peers = peers();
   TrafficRows rows = ledger_.rows([this](uint64_t peer) { return known(peer); });
   lanes_->add_to(s, rows);  // calls made on their callers' threads

@@ -62,9 +62,10 @@ void Bridge::tap(std::string topic, RawHandler fn) {
 
 absl::StatusOr<std::size_t> Bridge::publish_raw(const std::string& topic, uint64_t type_id,
                                                 const std::string& payload) {
-  if (payload.size() > opt_.max_message_bytes()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("bus.net: message of ", payload.size(), " bytes is over max_message_bytes"));
+  if (payload.size() > opt_.message_limit_of(topic)) {
+    return absl::ResourceExhaustedError(absl::StrCat("bus.net: message of ", payload.size(),
+                                                     " bytes is over the limit of '", topic, "' (",
+                                                     opt_.message_limit_of(topic), ")"));
   }
   std::size_t sent = 0;
   std::string other_type;

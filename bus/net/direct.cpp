@@ -113,13 +113,13 @@ absl::Status DirectLanes::gone(const DirectServer& server) const {
 bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_type_id,
                        const OutPayload& out, Clock::time_point deadline, PendingCall& done) {
   const std::string_view payload = out.view();
-  if (payload.size() > limits_.max_message_bytes) {
+  if (payload.size() > options_.message_limit_of(name)) {
     {
       std::lock_guard lock(mu_);
       ++counters_.oversized;
     }
     done.finish(absl::ResourceExhaustedError(absl::StrCat("bus.net: request of ", payload.size(),
-                                                          " bytes is over max_message_bytes")),
+                                                          " bytes is over its channel's limit")),
                 {});
     return true;
   }

@@ -105,6 +105,9 @@ class FrameSink {
   /// A remote subscription to `topic` on this node came or went, over a shared-memory link
   /// (`link`) or ZeroMQ.
   virtual void on_subscription(const std::string& topic, bool added, bool link) = 0;
+  /// A peer died writing a frame (`channel`, `envelope`; its payload never came): what it held
+  /// is lost, and counted.
+  virtual void on_torn(absl::string_view channel, const std::string& envelope) = 0;
   /// Messages read so far (the read budget counts them, not frames).
   virtual std::size_t messages_read() const = 0;
   virtual NodeStats& counters() = 0;

@@ -105,6 +105,13 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
     } else if (key == "subscriber_timeout_ms") {
       if (auto s = number(n); !s.ok()) return s;
       o.subscriber_timeout(std::chrono::milliseconds(n));
+    } else if (key == "message_limit") {
+      std::vector<std::string> parts = absl::StrSplit(value, ' ', absl::SkipWhitespace());
+      uint64_t bytes = 0;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &bytes)) {
+        return fail("message_limit = <channel> <bytes>");
+      }
+      o.message_limit(parts[0], bytes);
     } else if (key == "transport") {
       if (value == "auto") {
         o.transport(Transport::kAuto);
@@ -117,8 +124,8 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
       }
     } else if (key == "shm_ring_bytes") {
       if (auto s = number(n); !s.ok()) return s;
-      if (n < (64 << 10) || n > (uint64_t{1} << 30) || (n & (n - 1)) != 0) {
-        return fail("shm_ring_bytes needs a power of two from 65536 to 1073741824");
+      if (n < (256 << 10) || n > (uint64_t{1} << 30) || (n & (n - 1)) != 0) {
+        return fail("shm_ring_bytes needs a power of two from 262144 to 1073741824");
       }
       o.shm_ring_bytes(n);
     } else if (key == "shm_heap_limit") {
@@ -142,7 +149,8 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
           "resolve_every_ms, etcd, etcd_prefix, etcd_register, etcd_related_only, heartbeat_ms, "
           "dead_after, "
           "max_message_bytes, traversal_limit_words, nesting_limit, curve_public, curve_secret, "
-          "allow, send_stall_limit_ms, subscription_queue, subscriber_timeout_ms, transport, "
+          "allow, send_stall_limit_ms, subscription_queue, subscriber_timeout_ms, message_limit, "
+          "transport, "
           "shm_ring_bytes, shm_heap_limit, shm_spin_us, shm_group)"));
     }
   }

@@ -57,20 +57,23 @@ void SequenceLedger::published(uint64_t sender,
                                const capnp::List<wire::TopicSeq>::Reader& published,
                                const absl::flat_hash_set<std::string>& subscribed,
                                uint64_t row_peer) {
+  if (!next_seq_.contains(sender)) return;
+  for (auto p : published) {
+    // Only topics subscribed to now: a topic we do not take has no gaps.
+    std::string channel = p.getChannel().cStr();
+    if (subscribed.contains(channel)) lost_before(sender, channel, p.getNext(), row_peer);
+  }
+}
+
+void SequenceLedger::lost_before(uint64_t sender, const std::string& channel, uint64_t next,
+                                 uint64_t row_peer) {
   auto from = next_seq_.find(sender);
   if (from == next_seq_.end()) return;
-  for (auto p : published) {
-    // Only topics subscribed to now, with a first frame already (so the numbering's start here
-    // is known): a topic we do not take has no gaps.
-    std::string channel = p.getChannel().cStr();
-    if (!subscribed.contains(channel)) continue;
-    auto s = from->second.find(channel);
-    if (s == from->second.end() || s->second.expected == 0) continue;
-    if (p.getNext() > s->second.expected) {
-      gap(channel, s->second, p.getNext() - s->second.expected, row_peer);
-      s->second.expected = p.getNext();
-    }
-  }
+  // Only with a first frame already, so that the numbering's start here is known.
+  auto s = from->second.find(channel);
+  if (s == from->second.end() || s->second.expected == 0 || next <= s->second.expected) return;
+  gap(channel, s->second, next - s->second.expected, row_peer);
+  s->second.expected = next;
 }
 
 void SequenceLedger::missed_report(uint64_t peer, uint64_t self,

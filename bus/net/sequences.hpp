@@ -49,6 +49,9 @@ class SequenceLedger {
   /// on the topics in `subscribed` (a topic we do not take has no gaps).
   void published(uint64_t sender, const capnp::List<wire::TopicSeq>::Reader& published,
                  const absl::flat_hash_set<std::string>& subscribed, uint64_t row_peer);
+  /// Numbers of `sender` on `channel` below `next` that did not arrive are lost (counted as
+  /// gaps), as a heartbeat's `published` says for every topic.
+  void lost_before(uint64_t sender, const std::string& channel, uint64_t next, uint64_t row_peer);
   /// A heartbeat's `missed` from `peer`: its running totals of what it missed of `self`'s.
   void missed_report(uint64_t peer, uint64_t self, const capnp::List<wire::Missed>::Reader& missed);
   /// Our running totals of what we missed of each sender (a heartbeat's `missed`), at most

@@ -11,7 +11,10 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <optional>
 
 #include "shm_heap.hpp"
@@ -41,6 +44,20 @@ struct SocketMessage {
   uint32_t reserved;
   char endpoint[256];  // hello: where the sender's publisher listens
 };
+
+/// A failpoint for the crash tests: with BUS_NET_FAILPOINT=shm-die-mid-frame:N in its
+/// environment, a process dies (SIGKILL: nothing is cleaned up) halfway through copying the
+/// payload of the Nth data frame it writes to a link. Read once; inert without the variable.
+bool die_here() {
+  static const long at = [] {
+    const char* f = std::getenv("BUS_NET_FAILPOINT");
+    constexpr std::string_view kName = "shm-die-mid-frame:";
+    if (f == nullptr || std::string_view(f).substr(0, kName.size()) != kName) return 0L;
+    return std::strtol(f + kName.size(), nullptr, 10);
+  }();
+  static std::atomic<long> frames{0};
+  return at > 0 && frames.fetch_add(1, std::memory_order_relaxed) + 1 == at;
+}
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value) {
   // Not FUTEX_PRIVATE_FLAG: the word is in memory two processes map.
@@ -185,7 +202,7 @@ absl::Status ShmLink::send_hello(Verdict verdict, const std::string& publish_end
   m.role = static_cast<uint32_t>(role_);
   m.verdict = static_cast<uint32_t>(verdict);
   m.endpoint_bytes = static_cast<uint32_t>(std::min(publish_endpoint.size(), sizeof m.endpoint));
-  std::memcpy(m.endpoint, publish_endpoint.data(), m.endpoint_bytes);
+  if (m.endpoint_bytes != 0) std::memcpy(m.endpoint, publish_endpoint.data(), m.endpoint_bytes);
   int fds[2];
   int nfds = 0;
   if (verdict == Verdict::kWelcome) {
@@ -295,7 +312,7 @@ bus::detail::MessageRef heap_copy(std::string_view bytes) {
   void* mem = ShmHeap::instance().allocate(total);
   if (mem == nullptr) return {};
   auto* data = reinterpret_cast<capnp::word*>(static_cast<char*>(mem) + kStateBytes);
-  std::memcpy(data, bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(data, bytes.data(), bytes.size());
   auto* head = ::new (mem) bus::detail::BufferHead{
       {1}, static_cast<uint32_t>((total - kStateBytes) / 8 - words), words, data, nullptr};
   bus::detail::MessageRef ref(head);
@@ -360,14 +377,19 @@ bool ShmLink::write(FrameType type, std::string_view channel, std::string_view e
     std::memcpy(p, block, sizeof *block);
     p += sizeof *block;
   }
-  std::memcpy(p, channel.data(), channel.size());
+  // An empty view may carry a null pointer, which memcpy must not be given even for 0 bytes.
+  if (!channel.empty()) std::memcpy(p, channel.data(), channel.size());
   p += shm::round8(channel.size());
-  std::memcpy(p, envelope.data(), envelope.size());
+  if (!envelope.empty()) std::memcpy(p, envelope.data(), envelope.size());
   p += shm::round8(envelope.size());
   if (data && !payload.empty()) {
     // The payload is the long part: should this process die while copying it, the other end
     // finds `writing` set and counts the frame's messages as lost instead of reading them.
     writer_.writing();
+    if (die_here()) {
+      std::memcpy(p, payload.data(), payload.size() / 2);
+      ::raise(SIGKILL);
+    }
     std::memcpy(p, payload.data(), payload.size());
   }
   writer_.commit(bytes);

@@ -125,6 +125,9 @@ class ShmLink {
   bool sleep_on(uint32_t how);
   /// After waking (or to spin).
   void awake();
+  /// Our segment's header: what the other end reads (tests write into it as a corrupt peer
+  /// would).
+  shm::LinkHeader* header_for_tests() const { return ours_header(); }
   /// Our futex word, for a lane to sleep on (FUTEX_WAIT while it reads `1`).
   std::atomic<uint32_t>& sleeping_word() { return ours_header()->sleeping; }
 

@@ -17,7 +17,8 @@ inline constexpr uint64_t kMagic = 0x316d68732e737562;  // "bus.shm1", little-en
 inline constexpr uint32_t kVersion = 1;
 inline constexpr std::size_t kHeaderBytes = 4096;  // the ring starts here, page-aligned
 inline constexpr std::size_t kHolds = 256;         // heap blocks one end may hold at once
-inline constexpr std::size_t kMinRingBytes = 64 * 1024;
+// A quarter of the smallest ring takes a full batch of small messages (32 KiB) and its envelope.
+inline constexpr std::size_t kMinRingBytes = 256 * 1024;
 inline constexpr std::size_t kMaxRingBytes = std::size_t{1} << 30;
 
 /// The start of an end's segment. Every field has one writer: the segment's owner.

@@ -422,13 +422,14 @@ void ShmTransport::on_socket(Link& l) {
     case State::kUp: {
       bool bye = false;
       if (l.link->on_socket(bye) == ShmLink::SocketState::kClosed) {
-        if (!bye) {
-          // Its process ended while it may have been writing: what the frame it was writing
-          // held is lost, and counted as such by the sequence numbers of its next frames.
-          std::string channel, envelope;
-          if (l.link->torn_frame(channel, envelope)) ++sink_.counters().shm_torn_frames;
-        }
         read_frames(l);  // what it committed before it went is still ours
+        std::string channel, envelope;
+        if (!bye && !l.dead && l.link->torn_frame(channel, envelope)) {
+          // Its process ended while writing a frame: never read (it is torn), and what it held
+          // is counted as lost.
+          ++sink_.counters().shm_torn_frames;
+          sink_.on_torn(channel, envelope);
+        }
         drop(l, !bye, bye ? "it left" : "its process is gone");
       }
       return;
@@ -534,6 +535,14 @@ void ShmTransport::subscribers_of(const OutFrame& frame, std::vector<Subscribers
 PeerRoute* ShmTransport::route(uint64_t node) {
   Link* l = by_node(node);
   return l != nullptr ? l->route.get() : nullptr;
+}
+
+std::size_t ShmTransport::pinned_bytes() const {
+  std::size_t n = 0;
+  for (const auto& [id, l] : links_) {
+    if (l->link) n += l->link->pinned_bytes();
+  }
+  return n;
 }
 
 std::vector<uint64_t> ShmTransport::handovers() const {

@@ -103,6 +103,8 @@ class ShmTransport {
   /// Whether frames of bridge node `node` wait unread on its link (it is not silent).
   bool input_waiting(uint64_t node) const;
   std::size_t links() const { return up_; }
+  /// Bytes of this node's heap blocks that peers still read in place.
+  std::size_t pinned_bytes() const;
 
  private:
   struct Link;

@@ -14,6 +14,11 @@ namespace bus::net {
 
 void detail::node_figures(const NodeStats& s, StatsdSink& out) {
   out.gauge("node.peers", static_cast<double>(s.peers.size()));
+  std::size_t shm = 0;
+  for (const PeerInfo& p : s.peers) shm += p.transport == Transport::kSharedMemory ? 1 : 0;
+  out.gauge("node.peers_shm", static_cast<double>(shm));
+  out.gauge("node.shm_heap_bytes", static_cast<double>(s.shm_heap_bytes));
+  out.gauge("node.shm_pinned_bytes", static_cast<double>(s.shm_pinned_bytes));
   for (const NodeFigure& f : kNodeFigures) out.counter(absl::StrCat("node.", f.name), s.*f.member);
   // Per channel, summed over peers (peer names come and go; StatsD names should not).
   std::set<std::string> channels;
@@ -29,6 +34,10 @@ void detail::node_figures(const NodeStats& s, StatsdSink& out) {
 void detail::peer_figures(const NodeStats& s, StatsdSink& out) {
   // Named by peer: for a look at one node now ($bus.stats), not for StatsD, whose names should
   // outlive the nodes. Rows of nodes gone are folded under "gone".
+  for (const PeerInfo& p : s.peers) {
+    out.gauge(absl::StrCat("node.peer.", p.name, ".shm"),
+              p.transport == Transport::kSharedMemory ? 1.0 : 0.0);
+  }
   for (const ChannelTraffic& t : s.traffic) {
     if (t.gaps == 0 && t.peer_missed == 0) continue;
     std::string base =

@@ -81,7 +81,7 @@ std::unique_ptr<zmq::socket_t> make_dealer(zmq::context_t& ctx, const NodeOption
   d->set(zmq::sockopt::linger, 0);
   d->set(zmq::sockopt::sndhwm, kPipeHwm);
   d->set(zmq::sockopt::rcvhwm, kPipeHwm);
-  d->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt.max_message_bytes()) * 4 + (1 << 20));
+  d->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt.largest_message()) * 4 + (1 << 20));
   if (opt.secure()) {
     d->set(zmq::sockopt::curve_publickey, opt.curve_keys().public_key);
     d->set(zmq::sockopt::curve_secretkey, opt.curve_keys().secret_key);
@@ -240,7 +240,7 @@ void ZmqTransport::start() {
   router_->set(zmq::sockopt::rcvhwm, kPipeHwm);
   router_->set(zmq::sockopt::linger, kLingerMs);
   router_->set(zmq::sockopt::maxmsgsize,
-               static_cast<int64_t>(opt_.max_message_bytes()) * 4 + (1 << 20));
+               static_cast<int64_t>(opt_.largest_message()) * 4 + (1 << 20));
   server(*router_);
   if (!opt_.requests_on().empty()) {
     std::string bound = bind(*router_, opt_.requests_on(), "request");
@@ -254,7 +254,7 @@ void ZmqTransport::start() {
   sub_->set(zmq::sockopt::rcvhwm, opt_.subscription_queue());
   sub_->set(
       zmq::sockopt::maxmsgsize,
-      static_cast<int64_t>(std::max<std::size_t>(opt_.max_message_bytes(), kMaxBatchBytes)) * 4 +
+      static_cast<int64_t>(std::max<std::size_t>(opt_.largest_message(), kMaxBatchBytes)) * 4 +
           (1 << 20));
   sub_->set(zmq::sockopt::subscribe, kHeartbeatTopic);
   if (opt_.secure()) {

@@ -183,6 +183,21 @@ void bus_metrics(const Stats& s, Writer& w) {
 void node_metrics(const net::NodeStats& n, Writer& w) {
   w.family("bus_bridge_peers", "gauge", "Live bridge peers (nodes heard from).");
   w.sample("bus_bridge_peers", "", static_cast<uint64_t>(n.peers.size()));
+  w.family("bus_bridge_peer", "gauge",
+           "A live peer, with the transport it is reached by (shm: shared memory, zmq: ZeroMQ).");
+  for (const net::PeerInfo& p : n.peers) {
+    w.sample("bus_bridge_peer",
+             absl::StrCat("peer=\"", label(p.name), "\",peer_id=\"",
+                          absl::Hex(p.id, absl::kZeroPad16), "\",transport=\"",
+                          net::transport_name(p.transport), "\""),
+             uint64_t{1});
+  }
+  w.family("bus_bridge_shm_heap_bytes", "gauge",
+           "Bytes of the process's shared-memory heap in use (large messages).");
+  w.sample("bus_bridge_shm_heap_bytes", "", n.shm_heap_bytes);
+  w.family("bus_bridge_shm_pinned_bytes", "gauge",
+           "Bytes of this node's large messages that peers on its host still read in place.");
+  w.sample("bus_bridge_shm_pinned_bytes", "", n.shm_pinned_bytes);
   for (const net::TrafficFigure& f : net::kTrafficFigures) {
     const std::string name = absl::StrCat("bus_bridge_", f.name, "_total");
     w.family(name, "counter", f.help);

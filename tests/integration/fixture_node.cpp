@@ -49,7 +49,7 @@ constexpr char kUsage[] =
     "  --advertise-publish=EP --resolve-every-ms=N\n"
     "  --heartbeat-ms=N --dead-after=N --stall-limit-ms=N\n"
     "  --transport=auto|zmq|shm  how peers are reached (default: $BUS_TEST_TRANSPORT, else auto)\n"
-    "  --shm-ring-bytes=N --shm-heap-limit=N\n"
+    "  --shm-ring-bytes=N --shm-heap-limit=N --max-message-bytes=N\n"
     "  --subscription-queue=N --subscriber-timeout-ms=N\n"
     "  --reading-bytes=N        pad each published reading to about N bytes\n"
     "  --slow-us=N              the readings subscriber takes N us per reading (a slow reader)\n"
@@ -58,6 +58,8 @@ constexpr char kUsage[] =
     "  --curve-public=K --curve-secret=K --allow=K (repeatable)\n"
     "  --export-readings        publish readings (command: publish)\n"
     "  --import-readings        subscribe to readings (command: report)\n"
+    "  --keep-readings          keep every reading received (large ones hold their sender's\n"
+    "                           shared memory until the command 'drop')\n"
     "  --export-mistyped-readings  publish StatsRequests under the readings name\n"
     "  --serve                  serve the stats endpoint\n"
     "  --hold-requests          the stats handler waits for the command 'release'\n"
@@ -85,11 +87,12 @@ struct Flags {
   std::vector<std::string> etcd;
   std::string etcd_prefix = "/bus/", advertise_publish;
   std::string transport = bus_test::transport_name_from_env();
-  long shm_ring_bytes = 0, shm_heap_limit = 0;
+  long shm_ring_bytes = 0, shm_heap_limit = 0, max_message_bytes = 0;
   long resolve_every_ms = 0;
   bool etcd_related_only = false;
   bool export_readings = false, import_readings = false, export_mistyped = false;
   bool serve = false, hold = false, import_stats = false, import_mistyped = false;
+  bool keep_readings = false;
   long parent = 0;
   long limit = 0, limit_window_ms = 3'600'000, limit_exchange_ms = 0;
 };
@@ -123,10 +126,12 @@ std::optional<Flags> parse(int argc, char** argv) {
       {"--limit-window-ms", &f.limit_window_ms},
       {"--limit-exchange-ms", &f.limit_exchange_ms},
       {"--shm-ring-bytes", &f.shm_ring_bytes},
-      {"--shm-heap-limit", &f.shm_heap_limit}};
+      {"--shm-heap-limit", &f.shm_heap_limit},
+      {"--max-message-bytes", &f.max_message_bytes}};
   const std::map<std::string_view, bool*> switches = {
       {"--export-readings", &f.export_readings},
       {"--import-readings", &f.import_readings},
+      {"--keep-readings", &f.keep_readings},
       {"--export-mistyped-readings", &f.export_mistyped},
       {"--serve", &f.serve},
       {"--hold-requests", &f.hold},
@@ -180,7 +185,9 @@ struct Received {
   std::mutex mu;
   uint64_t count = 0;
   uint64_t seq_sum = 0;
+  uint64_t bad = 0;  // readings whose padding is not what the publisher wrote (a torn message)
   std::map<std::string, uint64_t> by_sensor;
+  std::vector<integ::Reading> kept;  // --keep-readings
 };
 
 /// Calls of one endpoint: how many answered, who answered, and the last failure.
@@ -239,6 +246,9 @@ int main(int argc, char** argv) {
   options.transport(bus_test::transport_of(f.transport));
   if (f.shm_ring_bytes > 0) options.shm_ring_bytes(static_cast<std::size_t>(f.shm_ring_bytes));
   if (f.shm_heap_limit > 0) options.shm_heap_limit(static_cast<std::size_t>(f.shm_heap_limit));
+  if (f.max_message_bytes > 0) {
+    options.max_message_bytes(static_cast<std::size_t>(f.max_message_bytes));
+  }
   if (f.subscription_queue > 0) options.subscription_queue(static_cast<int>(f.subscription_queue));
   if (f.subscriber_timeout_ms >= 0) {
     options.subscriber_timeout(std::chrono::milliseconds(f.subscriber_timeout_ms));
@@ -270,8 +280,14 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(f.pause_ms));
       }
       std::string_view sensor = r->getSensor().cStr();
-      sensor = sensor.substr(0, sensor.find('#'));  // without the padding of --reading-bytes
+      const std::size_t hash = sensor.find('#');
+      // The padding is one letter repeated: anything else is a message read torn.
+      const bool whole = hash == std::string_view::npos ||
+                         sensor.find_first_not_of('p', hash + 1) == std::string_view::npos;
+      sensor = sensor.substr(0, hash);  // without the padding of --reading-bytes
       std::lock_guard lock(received.mu);
+      if (!whole) ++received.bad;
+      if (f.keep_readings) received.kept.push_back(r);
       ++received.count;
       received.seq_sum += r->getSeq();
       ++received.by_sensor[std::string(sensor)];
@@ -401,6 +417,10 @@ int main(int argc, char** argv) {
     } else if (cmd == "exchange" && limiter) {
       limiter->exchange();
       say("exchanged");
+    } else if (cmd == "drop") {
+      std::lock_guard lock(received.mu);
+      received.kept.clear();
+      say("dropped");
     } else if (cmd == "report") {
       bus::net::NodeStats st = node->stats();
       auto rd = st.channel(integ::kReadings);
@@ -408,7 +428,8 @@ int main(int argc, char** argv) {
       std::string s = absl::StrCat("report handled=", handled.load());
       {
         std::lock_guard lock(received.mu);
-        absl::StrAppend(&s, " received=", received.count, " sum=", received.seq_sum);
+        absl::StrAppend(&s, " received=", received.count, " sum=", received.seq_sum,
+                        " torn_readings=", received.bad, " kept=", received.kept.size());
         for (const auto& [sensor, n] : received.by_sensor) {
           absl::StrAppend(&s, " sensor.", sensor, "=", n);
         }
@@ -424,8 +445,17 @@ int main(int argc, char** argv) {
                       " peers=", st.peers.size(), " members_found=", st.members_found,
                       " members_dropped=", st.members_dropped,
                       " etcd_registrations=", st.etcd_registrations,
-                      " etcd_errors=", st.etcd_errors, " dns_errors=", st.dns_errors);
-      for (const auto& p : st.peers) absl::StrAppend(&s, " peer.", p.name, "=1");
+                      " etcd_errors=", st.etcd_errors, " dns_errors=", st.dns_errors,
+                      " oversized=", st.oversized);
+      absl::StrAppend(&s, " shm_links=", st.shm_links, " shm_handovers=", st.shm_handovers,
+                      " shm_in_place=", st.shm_in_place, " shm_refused=", st.shm_refused,
+                      " shm_corrupt=", st.shm_corrupt, " shm_torn_frames=", st.shm_torn_frames,
+                      " shm_heap_full=", st.shm_heap_full, " shm_heap_bytes=", st.shm_heap_bytes,
+                      " shm_pinned_bytes=", st.shm_pinned_bytes);
+      for (const auto& p : st.peers) {
+        absl::StrAppend(&s, " peer.", p.name, "=1 transport.", p.name, "=",
+                        bus::net::transport_name(p.transport));
+      }
       // Per peer, on the readings: what we missed of it, and what it says it missed of ours.
       for (const auto& t : st.traffic) {
         if (t.channel != integ::kReadings || t.peer == 0) continue;

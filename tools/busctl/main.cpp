@@ -88,7 +88,8 @@ commands:
   pub CHANNEL 'JSON'    publish one message to every node that subscribes to CHANNEL
   sub CHANNEL           print CHANNEL's messages as JSON lines (--count N: stop after N)
   call ENDPOINT 'JSON'  call ENDPOINT and print its reply as JSON (--timeout)
-  peers                 live nodes: what they serve and import, their last heartbeat
+  peers                 live nodes: what they serve and import, the transport busctl reaches
+                        each by (shm: shared memory, zmq: ZeroMQ), their last heartbeat
   stats [NODE]          the counters of every live node (or of NODE: a name or an id); a node
                         without a request socket is live but cannot be asked (exit 6)
   tap                   every topic message this node can see, one line each
@@ -447,9 +448,10 @@ int cmd_peers(Tool& tool) {
   auto peers = tool.wait_for([&](const auto& ps) { return ps.size() >= tool.peer_count(); });
   if (peers.empty()) return fail(kUnreachable, std::string(tool.unreachable().message()));
   for (const auto& p : peers) {
-    std::printf("%s  id=%llu  requests=%s  last heartbeat %lld ms ago\n", p.name.c_str(),
-                static_cast<unsigned long long>(p.id),
+    std::printf("%s  id=%llu  requests=%s  transport=%s  last heartbeat %lld ms ago\n",
+                p.name.c_str(), static_cast<unsigned long long>(p.id),
                 p.request_endpoint.empty() ? "-" : p.request_endpoint.c_str(),
+                bus::net::transport_name(p.transport),
                 static_cast<long long>(p.since_heartbeat.count()));
     for (const auto& c : p.channels) {
       std::printf("  %-7s %-8s %s  type %s%s\n", c.served ? "serves" : "imports",

@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+#include <algorithm>
 
 namespace bus::net {
 
@@ -118,6 +120,14 @@ class NodeOptions {
     max_message_bytes_ = n;
     return *this;
   }
+  /// Largest message on `channel` (bytes), in place of max_message_bytes() for it: one this node
+  /// would send is not sent, one it receives is not taken; both are counted (`oversized`) and
+  /// logged once, naming the channel and the limit. Above max_message_bytes() it raises the
+  /// limit for that channel alone (the wire takes what the largest limit allows).
+  NodeOptions& message_limit(std::string channel, std::size_t bytes) {
+    message_limits_.emplace_back(std::move(channel), bytes);
+    return *this;
+  }
   /// Cap'n Proto reader limits applied to every payload read from the wire.
   NodeOptions& reader_limits(uint64_t traversal_words, int nesting) {
     traversal_limit_words_ = traversal_words;
@@ -172,7 +182,7 @@ class NodeOptions {
     transport_ = t;
     return *this;
   }
-  /// Each end's ring of a shared-memory link (bytes, a power of two, 64 KiB to 1 GiB): what a
+  /// Each end's ring of a shared-memory link (bytes, a power of two, 256 KiB to 1 GiB): what a
   /// reader may fall behind by before it counts as full (send_stall_limit, then passed over).
   /// Reserved when the link is made. Default 256 KiB.
   NodeOptions& shm_ring_bytes(std::size_t bytes) {
@@ -212,6 +222,7 @@ class NodeOptions {
   ///   advertise_publish = tcp://10.0.0.5:7411
   ///   heartbeat_ms = 200              dead_after = 3
   ///   max_message_bytes = 1048576     traversal_limit_words = 8388608   nesting_limit = 64
+  ///   message_limit = <channel> <bytes>   (one line per channel)
   ///   curve_public = ...              curve_secret = ...          allow = <key> (one per line)
   ///   send_stall_limit_ms = 100       subscription_queue = 64       subscriber_timeout_ms = 0
   ///   transport = auto|zmq|shm        shm_ring_bytes = 262144       shm_heap_limit = 536870912
@@ -237,6 +248,22 @@ class NodeOptions {
   std::chrono::milliseconds heartbeat() const { return heartbeat_; }
   unsigned dead_after() const { return dead_after_; }
   std::size_t max_message_bytes() const { return max_message_bytes_; }
+  const std::vector<std::pair<std::string, std::size_t>>& message_limits() const {
+    return message_limits_;
+  }
+  /// The limit of `channel`: its message_limit(), else max_message_bytes().
+  std::size_t message_limit_of(std::string_view channel) const {
+    for (const auto& [name, bytes] : message_limits_) {
+      if (name == channel) return bytes;
+    }
+    return max_message_bytes_;
+  }
+  /// The largest of every limit: what a frame may hold.
+  std::size_t largest_message() const {
+    std::size_t n = max_message_bytes_;
+    for (const auto& [name, bytes] : message_limits_) n = std::max(n, bytes);
+    return n;
+  }
   uint64_t traversal_limit_words() const { return traversal_limit_words_; }
   int nesting_limit() const { return nesting_limit_; }
   const CurveKeys& curve_keys() const { return curve_; }
@@ -268,6 +295,7 @@ class NodeOptions {
   std::chrono::milliseconds heartbeat_{200};
   unsigned dead_after_ = 3;
   std::size_t max_message_bytes_ = 1 << 20;
+  std::vector<std::pair<std::string, std::size_t>> message_limits_;
   uint64_t traversal_limit_words_ = 8 << 20;
   int nesting_limit_ = 64;
   CurveKeys curve_;

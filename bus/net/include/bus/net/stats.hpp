@@ -93,6 +93,10 @@ struct NodeStats {
   uint64_t shm_corrupt = 0;
   uint64_t shm_torn_frames = 0;
   uint64_t shm_heap_full = 0;
+  // Levels, not totals (gauges in $bus.stats and /metrics): bytes of the process's shared-memory
+  // heap in use, and of this node's blocks that peers still read in place.
+  uint64_t shm_heap_bytes = 0;
+  uint64_t shm_pinned_bytes = 0;
 
   /// Sums over peers for `channel`.
   ChannelTraffic channel(std::string_view channel) const;
