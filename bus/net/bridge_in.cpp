@@ -229,11 +229,12 @@ void Bridge::on_request(const InFrame& f, EnvelopeFields& env) {
     ++counters_.oversized;
     refused[i] = true;
     reply(ch, calls[i],
-          absl::ResourceExhaustedError(absl::StrCat("bus.net: request over the limit of '", name,
-                                                    "' (", limit, " bytes)")),
+          absl::ResourceExhaustedError(
+              absl::StrCat("bus.net: request over the limit of '", name, "' (", limit, " bytes)")),
           {});
   }
-  traffic(name, known(env.sender)).received += calls.size();  // `t` may have moved: replies add rows
+  traffic(name, known(env.sender)).received +=
+      calls.size();  // `t` may have moved: replies add rows
   // Bounded: a peer may send any 64-bit value (UINT64_MAX for "no deadline", say).
   constexpr uint64_t kMaxTimeoutUs = uint64_t{24} * 3600 * 1'000'000;
   // The local servers (and what they request in turn) act for the envelope's principal.

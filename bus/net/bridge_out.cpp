@@ -394,8 +394,7 @@ void Bridge::reply(Bridged& channel, const RemoteCall& to, const absl::Status& s
                    OutPayload payload) {
   if (status.ok() && oversized(channel, payload.size())) {
     return reply(channel, to,
-                 absl::ResourceExhaustedError("bus.net: reply over its channel's limit"),
-                 {});
+                 absl::ResourceExhaustedError("bus.net: reply over its channel's limit"), {});
   }
   if (to.batched && !payload.large) {
     // With the other replies to that requester on that endpoint, when this pass ends.

@@ -14,8 +14,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <optional>
+#include <string_view>
 
 #include "shm_heap.hpp"
 

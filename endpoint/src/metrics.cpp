@@ -186,11 +186,11 @@ void node_metrics(const net::NodeStats& n, Writer& w) {
   w.family("bus_bridge_peer", "gauge",
            "A live peer, with the transport it is reached by (shm: shared memory, zmq: ZeroMQ).");
   for (const net::PeerInfo& p : n.peers) {
-    w.sample("bus_bridge_peer",
-             absl::StrCat("peer=\"", label(p.name), "\",peer_id=\"",
-                          absl::Hex(p.id, absl::kZeroPad16), "\",transport=\"",
-                          net::transport_name(p.transport), "\""),
-             uint64_t{1});
+    w.sample(
+        "bus_bridge_peer",
+        absl::StrCat("peer=\"", label(p.name), "\",peer_id=\"", absl::Hex(p.id, absl::kZeroPad16),
+                     "\",transport=\"", net::transport_name(p.transport), "\""),
+        uint64_t{1});
   }
   w.family("bus_bridge_shm_heap_bytes", "gauge",
            "Bytes of the process's shared-memory heap in use (large messages).");

@@ -248,7 +248,8 @@ TEST(SharedMemory, AStuckReaderIsHeldThenCutAndItsLossIsCountedOnBothSides) {
   ASSERT_TRUE(bus_test::eventually(
       [&] {
         auto t = b.stats().channel(readings.name());
-        return t.received + t.gaps == kN && a.stats().channel(readings.name()).peer_missed == t.gaps;
+        return t.received + t.gaps == kN &&
+               a.stats().channel(readings.name()).peer_missed == t.gaps;
       },
       60s))
       << "b: received " << b.stats().channel(readings.name()).received << " gaps "

@@ -3,6 +3,7 @@
 
 #include <absl/status/statusor.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -10,7 +11,6 @@
 #include <string_view>
 #include <utility>
 #include <vector>
-#include <algorithm>
 
 namespace bus::net {
 
