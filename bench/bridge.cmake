@@ -40,6 +40,10 @@ endfunction()
 bus_bridge_program(bus_bridge bridge_bench.cpp)
 target_compile_definitions(bus_bridge PRIVATE BUS_BRIDGE_BUILD_TYPE="$<CONFIG>")
 
+# The same-host driver (bench/run_shm.sh): the bus's roles above, iceoryx's and the raw
+# references' (bench/shm_peers.cmake).
+bus_bridge_program(bus_shm shm_bench.cpp)
+
 bus_bridge_program(bus_bridge_bus bridge_bus.cpp)
 target_link_libraries(bus_bridge_bus PRIVATE bus::net bus_bridge_schema)
 

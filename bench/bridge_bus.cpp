@@ -8,7 +8,15 @@
 //   bus_bridge_bus rtt    endpoint=tcp://127.0.0.1:P size=16 count=N [warmup=W]
 //   bus_bridge_bus pipe   endpoint=tcp://127.0.0.1:P size=16 count=N [window=1000] [warmup=W]
 //                         [timeout_ms=30000]
-// Every role also takes spin_us= (bus::Options::spin, how long an idle executor polls).
+// Every role also takes spin_us= (bus::Options::spin, how long an idle executor polls),
+// transport=auto|zmq|shm (NodeOptions::transport; default auto: shared memory between processes
+// on one host) and shm_spin_us= (NodeOptions::shm_spin; 0: sleep at once). The largest message
+// a node takes is raised to fit size= (4 MiB payloads).
+//
+// Large messages as users send them again and again: `rtt reuse=1` sends one message built
+// once (a copy of a Message is a reference, so nothing is copied per call) and checks each
+// reply's size, and `server reply=prebuilt` answers with a message of the request's size built
+// once, as iceoryx's roles loan a chunk and write its first 8 bytes only.
 //
 // Each process is what a user writes: a bus::Bus with one executor and a bus::net::Node. The
 // publisher exports a Topic<Message<Blob>> and publishes from its main thread (with `batch`, in
@@ -75,14 +83,29 @@ bus::Options bus_options(const Args& a) {
   return o;
 }
 
+/// The node's options every role shares: the name, the transport, the link's spin and a size
+/// limit that fits the case's messages.
+bus::net::NodeOptions node_options(const Args& a, const char* name) {
+  auto o = bus::net::NodeOptions().name(name);
+  const std::string t = a.kv.contains("transport") ? a.str("transport") : "auto";
+  o.transport(t == "zmq"   ? bus::net::Transport::kZeroMq
+              : t == "shm" ? bus::net::Transport::kSharedMemory
+                           : bus::net::Transport::kAuto);
+  if (a.kv.contains("shm_spin_us")) o.shm_spin(std::chrono::microseconds(a.num("shm_spin_us")));
+  const uint64_t size = a.num("size", 0);
+  o.max_message_bytes(std::max<std::size_t>(std::size_t{1} << 20, 2 * size + 4096));
+  return o;
+}
+
 int role_pub(const Args& a) {
   uint64_t n = a.num("count"), batch = a.num("batch", 0);
   BlobMaker maker(a.num("size"));
   bus::Bus bus(bus_options(a));
-  bus::net::Node node(bus, bus::net::NodeOptions().name("bench-pub").publish_on(a.str("endpoint")));
+  bus::net::Node node(bus, node_options(a, "bench-pub").publish_on(a.str("endpoint")));
   node.export_topic(kBlobs);
   ready();
-  if (!node.wait_for_subscribers(kBlobs.name(), 1, 30s)) fail("no subscriber within 30 s");
+  const auto subs = static_cast<std::size_t>(a.num("subs", 1));
+  if (!node.wait_for_subscribers(kBlobs.name(), subs, 30s)) fail("too few subscribers in 30 s");
   uint64_t t0 = now_ns(), c0 = cpu_ns();
   std::optional<bus::Batch> scope;
   for (uint64_t i = 1; i <= n; ++i) {
@@ -111,10 +134,10 @@ int role_sub(const Args& a) {
   const std::size_t data_size = a.num("size") - 8;
   const uint8_t last = pattern(data_size - 1);
   bus::Bus bus(bus_options(a));
-  bus::net::Node node(bus, bus::net::NodeOptions()
-                               .name("bench-sub")
-                               .publish_on("tcp://127.0.0.1:*")
-                               .peer(a.str("endpoint")));
+  bus::net::Node node(bus,
+                      node_options(a, ("bench-sub" + std::to_string(a.num("index", 0))).c_str())
+                          .publish_on("tcp://127.0.0.1:*")
+                          .peer(a.str("endpoint")));
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -173,14 +196,19 @@ int role_sub(const Args& a) {
 
 int role_server(const Args& a) {
   bus::Bus bus(bus_options(a));
-  bus::net::Node node(bus, bus::net::NodeOptions()
-                               .name("bench-server")
-                               .publish_on(a.str("endpoint"))
-                               .requests_on("tcp://127.0.0.1:*"));
+  const std::string requests = a.kv.contains("requests") ? a.str("requests") : "tcp://127.0.0.1:*";
+  bus::net::Node node(
+      bus, node_options(a, "bench-server").publish_on(a.str("endpoint")).requests_on(requests));
   std::atomic<uint64_t> served{0};
+  const bool prebuilt = a.kv.contains("reply") && a.str("reply") == "prebuilt";
+  std::map<std::size_t, Blob> replies;  // by data size (the handler's thread only)
   auto echo = [&](Blob&& req) {
     served.fetch_add(1, std::memory_order_relaxed);  // read after the node and executor stopped
-    return std::move(req);
+    if (!prebuilt) return std::move(req);
+    const std::size_t size = req->getData().size() + 8;
+    auto it = replies.find(size);
+    if (it == replies.end()) it = replies.emplace(size, BlobMaker(size).make(0)).first;
+    return it->second;
   };
   bus::Subscription s;
   if (a.kv.contains("on") && a.str("on") == "bridge") {
@@ -211,8 +239,7 @@ struct Client {
   bus::net::Node node;
   explicit Client(const Args& a)
       : bus(bus_options(a)),
-        node(bus, bus::net::NodeOptions()
-                      .name("bench-client")
+        node(bus, node_options(a, "bench-client")
                       .publish_on("tcp://127.0.0.1:*")
                       .peer(a.str("endpoint"))) {
     node.import_endpoint(kEcho);
@@ -222,19 +249,22 @@ struct Client {
 
 int role_rtt(const Args& a) {
   uint64_t n = a.num("count"), warm = a.num("warmup", 1000);
-  BlobMaker maker(a.num("size"));
+  const std::size_t size = a.num("size");
+  const bool reuse = a.num("reuse", 0) != 0;
+  BlobMaker maker(size);
+  const Blob once = maker.make(0);
   Client c(a);
   std::vector<uint64_t> ns;
   ns.reserve(n);
   uint64_t bad = 0, c0 = 0;
   for (uint64_t i = 1; i <= warm + n; ++i) {
     if (i == warm + 1) c0 = cpu_ns();
-    Blob req = maker.make(i);
+    Blob req = reuse ? once : maker.make(i);
     uint64_t t = now_ns();
     absl::StatusOr<Blob> rep = c.bus.call(kEcho, std::move(req), 5s);
     uint64_t dt = now_ns() - t;
     if (!rep.ok()) fail("call: " + rep.status().ToString());
-    if ((*rep)->getSeq() != i) ++bad;
+    if (reuse ? (*rep)->getData().size() != size - 8 : (*rep)->getSeq() != i) ++bad;
     if (i > warm) ns.push_back(dt);
   }
   print_latency_result(n, bad == 0, ns, cpu_ns() - c0);

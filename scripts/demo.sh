@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: builds the multi-process demo and runs it (three programs on one bus over
-# ZeroMQ: a producer, a stateful aggregator service, a monitor that calls it).
+# The main job: builds the multi-process demo and runs it (three programs on one bus: a producer,
+# a stateful aggregator service, a monitor that calls it; shared memory between them, ZeroMQ to
+# find each other; DEMO_TRANSPORT=zmq for ZeroMQ only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh

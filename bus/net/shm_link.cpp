@@ -203,7 +203,7 @@ absl::Status ShmLink::send_hello(Verdict verdict, const std::string& publish_end
   m.verdict = static_cast<uint32_t>(verdict);
   m.endpoint_bytes = static_cast<uint32_t>(std::min(publish_endpoint.size(), sizeof m.endpoint));
   if (m.endpoint_bytes != 0) std::memcpy(m.endpoint, publish_endpoint.data(), m.endpoint_bytes);
-  int fds[2];
+  int fds[2] = {-1, -1};
   int nfds = 0;
   if (verdict == Verdict::kWelcome) {
     fds[nfds] = ours_->read_only_fd();
@@ -227,7 +227,7 @@ absl::StatusOr<ShmLink::Hello> ShmLink::receive_hello() { return read_hello(sock
 
 absl::StatusOr<ShmLink::Hello> ShmLink::read_hello(int sock) {
   SocketMessage m{};
-  int fds[2];
+  int fds[2] = {-1, -1};
   int nfds = 0;
   int got = receive_message(sock, m, fds, nfds);
   if (got == 0) return absl::UnavailableError("no hello yet");

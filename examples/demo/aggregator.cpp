@@ -88,10 +88,9 @@ int main(int argc, char** argv) {
     report += 1s;
     auto st = bus.stats();
     const bus::ChannelStats* c = st.channel(stats.name());
-    std::printf("[aggregator] answered %llu stats requests; peers:",
-                static_cast<unsigned long long>(c ? c->delivered : 0));
-    for (const auto& p : node.peers()) std::printf(" %s", p.name.c_str());
-    std::printf("\n");
+    std::printf("[aggregator] answered %llu stats requests; peers: %s\n",
+                static_cast<unsigned long long>(c ? c->delivered : 0),
+                peer_transports(node).c_str());
   }
   node.stop();
   (void)bus.stop();  // drains: every reading that arrived has been counted

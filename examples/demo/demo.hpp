@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+// Processes on one host link over shared memory; `--transport=zmq` keeps them on ZeroMQ (the
+// run script passes $DEMO_TRANSPORT), to compare.
+ABSL_FLAG(std::string, transport, "auto", "how peers are reached: auto, zmq or shm");
+
 namespace demo_app {
 
 using Reading = bus::Message<demo::Reading>;
@@ -38,8 +42,22 @@ inline bus::net::NodeOptions node_options(const std::string& name, const std::st
   auto o = bus::net::NodeOptions().name(name).publish_on(publish).heartbeat(
       std::chrono::milliseconds(200), 3);
   if (!requests.empty()) o.requests_on(requests);
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  o.transport(transport == "zmq"   ? bus::net::Transport::kZeroMq
+              : transport == "shm" ? bus::net::Transport::kSharedMemory
+                                   : bus::net::Transport::kAuto);
   for (absl::string_view p : absl::StrSplit(peers, ',', absl::SkipEmpty())) o.peer(std::string(p));
   return o;
+}
+
+/// "producer over shm, aggregator over zmq": how this node reaches each peer right now.
+inline std::string peer_transports(const bus::net::Node& node) {
+  std::string s;
+  for (const auto& p : node.stats().peers) {
+    if (!s.empty()) s += ", ";
+    s += p.name + " over " + bus::net::transport_name(p.transport);
+  }
+  return s.empty() ? "none yet" : s;
 }
 
 }  // namespace demo_app

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   std::printf("[monitor] waiting for the aggregator\n");
   while (!stop_requested && !node.wait_for_server(stats.name(), 100ms)) {
   }
+  std::printf("[monitor] peers: %s\n", peer_transports(node).c_str());
   int tick = 0;
   while (!stop_requested) {
     std::this_thread::sleep_for(1s);
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(s.getCount()));
     }
     std::printf("\n");
+    if (tick == 2) std::printf("[monitor] peers: %s\n", peer_transports(node).c_str());
   }
   auto st = node.stats().channel(readings.name());
   node.stop();

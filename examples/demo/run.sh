@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Starts the three demo programs on one bus (tcp on 127.0.0.1), lets them run, stops them with
-# SIGTERM and checks that each stopped cleanly.
+# Starts the three demo programs on one bus, lets them run, stops them with SIGTERM and checks
+# that each stopped cleanly. They find each other over ZeroMQ (tcp on 127.0.0.1) and, being on
+# one host, link over shared memory; DEMO_TRANSPORT=zmq keeps them on ZeroMQ.
 #   usage: run.sh <folder with demo_producer, demo_aggregator, demo_monitor> [seconds]
 set -euo pipefail
 bin=${1:?usage: run.sh <bin folder> [seconds]}
 seconds=${2:-${DEMO_SECONDS:-6}}
 base=${DEMO_PORT_BASE:-7400}
+transport=${DEMO_TRANSPORT:-auto}
 prod="tcp://127.0.0.1:$((base + 1))"
 agg="tcp://127.0.0.1:$((base + 11))"
 agg_req="tcp://127.0.0.1:$((base + 12))"
@@ -19,12 +21,12 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-echo "== demo: producer -> aggregator (a service) <- monitor, for ${seconds}s (ports from $base)"
-"$bin/demo_aggregator" --publish="$agg" --requests="$agg_req" --peers="$prod,$mon" &
+echo "== demo: producer -> aggregator (a service) <- monitor, for ${seconds}s (ports from $base, transport $transport)"
+"$bin/demo_aggregator" --publish="$agg" --requests="$agg_req" --peers="$prod,$mon" --transport="$transport" &
 pids+=($!)
-"$bin/demo_monitor" --publish="$mon" --peers="$prod,$agg" &
+"$bin/demo_monitor" --publish="$mon" --peers="$prod,$agg" --transport="$transport" &
 pids+=($!)
-"$bin/demo_producer" --publish="$prod" --peers="$agg,$mon" --rate=200 &
+"$bin/demo_producer" --publish="$prod" --peers="$agg,$mon" --rate=200 --transport="$transport" &
 pids+=($!)
 
 sleep "$seconds"

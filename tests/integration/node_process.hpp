@@ -40,6 +40,7 @@ class NodeProcess {
   /// It started and said "ready".
   bool ready() const { return ready_; }
   uint64_t id() const { return id_; }
+  pid_t pid() const { return child_.pid(); }
   const std::string& publish_endpoint() const { return publish_; }
   const std::string& request_endpoint() const { return requests_; }
   /// `--publish-on` and `--requests-on` for the endpoints it bound: a restart on the same
