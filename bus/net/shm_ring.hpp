@@ -1,7 +1,7 @@
 // The shared-memory link's layout: one segment per end of a link, written by that end only and
 // mapped read-only by the other; in it a single-writer ring of frames (the other end's input),
 // the end's read position in the other's ring, its wake-up word and the heap blocks it holds.
-// docs/wire-protocol.md §15 describes it byte by byte for a peer in another language.
+// docs/wire-protocol.md §16 describes it byte by byte for a peer in another language.
 #pragma once
 
 #include <absl/status/statusor.h>

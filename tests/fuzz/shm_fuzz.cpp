@@ -1,5 +1,5 @@
 // libFuzzer target: a shared-memory link's ring as the other end left it (docs/wire-protocol.md
-// §15), read the way the bridge reads it. The writer is another process that may be buggy,
+// §16), read the way the bridge reads it. The writer is another process that may be buggy,
 // hostile or killed mid-write: no tail, frame header, size or part may make the reader touch a
 // byte outside the ring, go backwards, or loop.
 //
