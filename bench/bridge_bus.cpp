@@ -252,8 +252,10 @@ int role_rtt(const Args& a) {
   const std::size_t size = a.num("size");
   const bool reuse = a.num("reuse", 0) != 0;
   BlobMaker maker(size);
-  const Blob once = maker.make(0);
   Client c(a);
+  // Built once the node runs: a large message built before comes from the ordinary heap, not the
+  // shared one, and is copied into shared memory each time it is sent.
+  const Blob once = maker.make(0);
   std::vector<uint64_t> ns;
   ns.reserve(n);
   uint64_t bad = 0, c0 = 0;

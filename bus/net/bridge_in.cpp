@@ -9,11 +9,6 @@
 
 namespace bus::net::detail {
 
-PayloadHold*& current_hold() {
-  thread_local PayloadHold* hold = nullptr;
-  return hold;
-}
-
 namespace {
 const char* stream_name(Stream s) {
   switch (s) {

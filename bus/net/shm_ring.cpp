@@ -58,7 +58,10 @@ absl::StatusOr<ParsedFrame> parse_frame(const char* ring, uint64_t ring_bytes, u
   uint64_t need = sizeof(FrameHeader) + (block ? sizeof(BlockRef) : 0) + round8(h.channel_bytes) +
                   round8(h.envelope_bytes);
   if (need > h.size) return bad("its parts are larger than the frame");
-  if (data && round8(h.payload_bytes) > h.size - need) return bad("its payload is past its end");
+  // Compared before it is rounded: a length near 2^64 would round up to a small number.
+  if (data && (h.payload_bytes > h.size - need || round8(h.payload_bytes) > h.size - need)) {
+    return bad("its payload is past its end");
+  }
   if (!data && !block && (h.envelope_bytes != 0 || h.payload_bytes != 0)) {
     return bad("a subscription with an envelope or payload");
   }

@@ -10,6 +10,13 @@
 
 namespace bus::net::detail {
 
+// Here, beside the decoder that reads it, so that whatever links the decoder (the fuzz target)
+// links this too.
+PayloadHold*& current_hold() {
+  thread_local PayloadHold* hold = nullptr;
+  return hold;
+}
+
 // ---- payload helpers used by the typed adapters ------------------------------------------------
 
 void append_message(capnp::MessageBuilder& builder, std::string& out) {
