@@ -123,6 +123,7 @@ TEST(DirectCall, ALateReplyIsSkippedAndTheNextCallGetsItsOwnAnswer) {
     return echo(std::move(req));
   });
   ASSERT_TRUE(p.b.wait_for_server(echo_ep.name(), 10s));
+  ASSERT_TRUE(bus_test::settled(p.b, "a"));  // both calls take the same path
   absl::StatusOr<StatsReply> first = p.bus_b.call(echo_ep, ask("first"), 200ms);
   ASSERT_FALSE(first.ok());
   EXPECT_EQ(first.status().code(), absl::StatusCode::kDeadlineExceeded);

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "support/test_support.hpp"
+
 namespace bus_test {
 
 /// The transport tests ask for: $BUS_TEST_TRANSPORT (auto, zmq or shm; ctest runs the bridge's
@@ -30,6 +32,24 @@ inline bus::net::NodeOptions local_node(const char* name) {
       .requests_on("tcp://127.0.0.1:*")
       .heartbeat(50ms, 40)  // no test here needs a quick death; a sanitized node misses beats
       .transport(transport_of(transport_name_from_env()));
+}
+
+/// Waits until `node` reaches its peer `peer` over the transport the tests asked for (shared
+/// memory unless ZeroMQ was forced: the nodes of a test share a host). A test whose outcome
+/// depends on the path a call takes waits for it first: a call made while the link is still
+/// coming up goes over ZeroMQ.
+inline bool settled(const bus::net::Node& node, const std::string& peer) {
+  using namespace std::chrono_literals;
+  const auto want = transport_name_from_env() == "zmq" ? bus::net::Transport::kZeroMq
+                                                       : bus::net::Transport::kSharedMemory;
+  return eventually(
+      [&] {
+        for (const auto& p : node.stats().peers) {
+          if (p.name == peer) return p.transport == want;
+        }
+        return false;
+      },
+      30s);
 }
 
 /// Two nodes that listen to each other, "a" on bus_a and "b" on bus_b.
