@@ -59,5 +59,7 @@ git diff --quiet HEAD -- bus CMakeLists.txt 2>/dev/null ||
   echo "source:    $source_line"
   "$build/bench/bus_shm" "${args[@]}" 2>&1
 } | tee "$out"
-python3 bench/shm_chart.py "$out" "${out%.txt}.png"
+# Debian's interpreter: the package above installs matplotlib for it, not for another python3
+# that may come first on PATH.
+/usr/bin/python3 bench/shm_chart.py "$out" "${out%.txt}.png"
 echo "run_shm: raw output in $out, chart in ${out%.txt}.png"
