@@ -340,6 +340,17 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
     Clock::time_point since;
     struct Frame {
       std::string channel, envelope, payload;
+      /// This frame, as read from `stream`, to hand to on_frame() (valid while it lives).
+      InFrame as_read(Stream stream) const {
+        InFrame f;
+        f.stream = stream;
+        f.channel = channel;
+        f.envelope = envelope.data();
+        f.envelope_size = envelope.size();
+        f.payload = payload.data();
+        f.payload_size = payload.size();
+        return f;
+      }
     };
     std::deque<Frame> zmq, link;  // what waits, from each
     std::size_t bytes = 0;

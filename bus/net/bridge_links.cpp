@@ -167,16 +167,7 @@ void Bridge::replay_handover(uint64_t node) {
     deliver(*topic->second, *env, payloads_,
             static_cast<uint32_t>(std::min<uint64_t>(env->count, limit - env->seq)));
   }
-  for (const auto& w : link) {
-    InFrame f;
-    f.stream = Stream::kLink;
-    f.channel = w.channel;
-    f.envelope = w.envelope.data();
-    f.envelope_size = w.envelope.size();
-    f.payload = w.payload.data();
-    f.payload_size = w.payload.size();
-    on_frame(f);
-  }
+  for (const auto& w : link) on_frame(w.as_read(Stream::kLink));
   ++counters_.shm_handovers;
 }
 
@@ -188,16 +179,7 @@ void Bridge::abandon_handover(uint64_t node, const char* why) {
   for (const std::string& f : topic_filters()) shm_.subscribe(node, f, false);
   auto zmq = std::move(it->second.zmq);
   linked_.erase(it);
-  for (const auto& w : zmq) {
-    InFrame f;
-    f.stream = Stream::kTopics;
-    f.channel = w.channel;
-    f.envelope = w.envelope.data();
-    f.envelope_size = w.envelope.size();
-    f.payload = w.payload.data();
-    f.payload_size = w.payload.size();
-    on_frame(f);
-  }
+  for (const auto& w : zmq) on_frame(w.as_read(Stream::kTopics));
   log_once(absl::StrCat("handover:", node),
            absl::StrCat("node ", absl::Hex(node),
                         "'s topics stay on ZeroMQ: its handover to shared memory did not come (",

@@ -558,14 +558,7 @@ void ZmqTransport::on_sub(Parts& parts) {
     return sink_.on_malformed(
         "subscriber", absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 3")));
   }
-  InFrame f;
-  f.stream = Stream::kTopics;
-  f.channel = view(parts[0]);
-  f.envelope = parts[1].data();
-  f.envelope_size = parts[1].size();
-  f.payload = parts[2].data();
-  f.payload_size = parts[2].size();
-  sink_.on_frame(f);
+  sink_.on_frame(frame_of(parts, 0, Stream::kTopics));
 }
 
 void ZmqTransport::on_router(Parts& parts) {
@@ -573,14 +566,8 @@ void ZmqTransport::on_router(Parts& parts) {
     return sink_.on_malformed(
         "request", absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 4")));
   }
-  InFrame f;
-  f.stream = Stream::kRequests;
+  InFrame f = frame_of(parts, 1, Stream::kRequests);
   f.reply_to.identity = std::string(view(parts[0]));
-  f.channel = view(parts[1]);
-  f.envelope = parts[2].data();
-  f.envelope_size = parts[2].size();
-  f.payload = parts[3].data();
-  f.payload_size = parts[3].size();
   sink_.on_frame(f);
 }
 
@@ -589,14 +576,7 @@ void ZmqTransport::on_dealer(Parts& parts) {
     return sink_.on_malformed(
         "reply", absl::InvalidArgumentError(absl::StrCat(parts.size(), " parts, expected 3")));
   }
-  InFrame f;
-  f.stream = Stream::kReplies;
-  f.channel = view(parts[0]);
-  f.envelope = parts[1].data();
-  f.envelope_size = parts[1].size();
-  f.payload = parts[2].data();
-  f.payload_size = parts[2].size();
-  sink_.on_frame(f);
+  sink_.on_frame(frame_of(parts, 0, Stream::kReplies));
 }
 
 void ZmqTransport::on_xpub(const zmq::message_t& m) {

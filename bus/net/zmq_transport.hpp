@@ -34,6 +34,19 @@ inline absl::string_view view(const zmq::message_t& m) {
   return {static_cast<const char*>(m.data()), m.size()};
 }
 
+/// The channel, envelope and payload parts of a multipart message from `first` on, as read from
+/// `stream` (valid while `parts` lives).
+inline InFrame frame_of(Parts& parts, std::size_t first, Stream stream) {
+  InFrame f;
+  f.stream = stream;
+  f.channel = view(parts[first]);
+  f.envelope = parts[first + 1].data();
+  f.envelope_size = parts[first + 1].size();
+  f.payload = parts[first + 2].data();
+  f.payload_size = parts[first + 2].size();
+  return f;
+}
+
 /// The file descriptors one pass of the bridge loop waits on.
 struct PollSet {
   std::vector<pollfd> fds;
