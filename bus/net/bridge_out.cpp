@@ -373,8 +373,12 @@ absl::Status Bridge::send(Bridged& channel, OutPayload payload) {
     // Numbered per destination: each receiver counts gaps in what was sent to it.
     uint64_t& seq = peer->send_seq[channel.name];
     env.seq = seq + 1;
-    if (peer->route->send(channel.name, env, payload.view(),
-                          payload.large ? &payload.large : nullptr)) {
+    // Over ZeroMQ even to a linked peer: its receiver takes them in their numbered order, and a
+    // switch of path mid-stream (the link coming up or going) would let later ones overtake
+    // earlier ones, which it would then drop as old. Requests need no order and move.
+    PeerRoute* route = zmq_.route(peer->id);
+    if (route == nullptr) route = peer->route;
+    if (route->send(channel.name, env, payload.view(), payload.large ? &payload.large : nullptr)) {
       ++seq;
       ++traffic(channel.name, peer->id).sent;
       return absl::OkStatus();

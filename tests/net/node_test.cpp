@@ -638,7 +638,8 @@ TEST(Node, QueueMessagesReachARemoteConsumerOnce) {
   ASSERT_TRUE(p.b.wait_for_server(jobs.name(), 10s));
   constexpr uint64_t kN = 2000;
   for (uint64_t i = 1; i <= kN; ++i) ASSERT_TRUE(p.bus_b.send(jobs, reading(i, 1)).ok());
-  ASSERT_TRUE(bus_test::eventually([&] { return count.load() == kN; }, 30s));
+  ASSERT_TRUE(bus_test::eventually([&] { return count.load() == kN; }, 30s))
+      << count.load() << " of " << kN;
   EXPECT_EQ(sum.load(), kN * (kN + 1) / 2);
 }
 
