@@ -210,21 +210,9 @@ int main(int argc, char** argv) {
       nats.empty() ? "not run" : (nats + " (nats-server, not pinned)").c_str());
   std::printf("\n");
 
-  for (int run = -warmup; run < runs; ++run) {
-    std::printf("%s %d:", run < 0 ? "warm-up round" : "run", run < 0 ? run + warmup + 1 : run + 1);
-    std::fflush(stdout);
-    for (auto& c : cases) {
-      if (!c.skipped.empty()) continue;
-      bool nats_case = c.id.find("nats") != std::string::npos;
-      Sample s = run_case(c, nats_case ? static_cast<pid_t>(n("nats_pid")) : 0);
-      if (run >= 0) c.samples.push_back(s);
-      std::printf(" %s%s", c.id.c_str(), s.ok ? "" : "(FAILED)");
-      if (!s.ok) std::printf("\n  %s failed: %s\n", c.id.c_str(), s.why.c_str());
-      std::fflush(stdout);
-    }
-    std::printf("\n");
-  }
-  std::printf("load average at the end: %s\n", loadavg().c_str());
+  run_interleaved(cases, runs, warmup, [&](const Case& c) {
+    return c.id.find("nats") != std::string::npos ? static_cast<pid_t>(n("nats_pid")) : 0;
+  });
   std::printf(
       "\n# samples: sample|run|case|ok|value (msgs/s, req/s or p50 ns)|p50 ns|p99 ns|p99.9 ns|"
       "gaps|publish_cuts|lost replies|sender CPU ns per msg|receiver CPU ns per msg|broker "

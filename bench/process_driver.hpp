@@ -386,4 +386,25 @@ inline std::string size_name(uint64_t b) {
   return b >= 1024 ? num(b / 1024) + " KiB" : num(b) + " B";
 }
 
+/// Runs every case that is not skipped once per round, `warmup` unreported rounds then `runs`
+/// kept ones (run r of every case before run r + 1 of any), saying each as it goes. `broker`
+/// gives a case's broker pid (its CPU is counted too), 0 for none.
+template <class Broker>
+void run_interleaved(std::vector<Case>& cases, int runs, int warmup, Broker broker) {
+  for (int run = -warmup; run < runs; ++run) {
+    std::printf("%s %d:", run < 0 ? "warm-up round" : "run", run < 0 ? run + warmup + 1 : run + 1);
+    std::fflush(stdout);
+    for (auto& c : cases) {
+      if (!c.skipped.empty()) continue;
+      Sample s = run_case(c, broker(c));
+      if (run >= 0) c.samples.push_back(s);
+      std::printf(" %s%s", c.id.c_str(), s.ok ? "" : "(FAILED)");
+      if (!s.ok) std::printf("\n  %s failed: %s\n", c.id.c_str(), s.why.c_str());
+      std::fflush(stdout);
+    }
+    std::printf("\n");
+  }
+  std::printf("load average at the end: %s\n", loadavg().c_str());
+}
+
 }  // namespace bench_driver

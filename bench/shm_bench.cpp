@@ -225,20 +225,7 @@ int main(int argc, char** argv) {
       "calls, default options unless the row says\n\n",
       runs, warmup, kSenderCore, kReceiverCore);
 
-  for (int run = -warmup; run < runs; ++run) {
-    std::printf("%s %d:", run < 0 ? "warm-up round" : "run", run < 0 ? run + warmup + 1 : run + 1);
-    std::fflush(stdout);
-    for (auto& c : cases) {
-      if (!c.skipped.empty()) continue;
-      Sample s = run_case(c, 0);
-      if (run >= 0) c.samples.push_back(s);
-      std::printf(" %s%s", c.id.c_str(), s.ok ? "" : "(FAILED)");
-      if (!s.ok) std::printf("\n  %s failed: %s\n", c.id.c_str(), s.why.c_str());
-      std::fflush(stdout);
-    }
-    std::printf("\n");
-  }
-  std::printf("load average at the end: %s\n", loadavg().c_str());
+  run_interleaved(cases, runs, warmup, [](const Case&) { return pid_t{0}; });
   std::printf(
       "\n# samples: sample|run|case|ok|value (msgs/s or p50 ns)|p50 ns|p99 ns|p99.9 ns|"
       "gaps|sender CPU ns per msg|receiver CPU ns per msg|the processes' result lines\n");
