@@ -390,6 +390,7 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
       p.id = id;
       p.name = hb.getName().cStr();
       p.request_endpoint = hb.getRequestEndpoint().cStr();
+      p.publish_endpoint = hb.getPublishEndpoint().cStr();
       p.public_key = hb.getPublicKey().cStr();
       welcome(p);
     }

@@ -506,7 +506,19 @@ void Bridge::check_peers() {
   for (uint64_t id : dead) {
     ++counters_.peers_lost;
     peers_.declared_dead(id);
-    std::string name = peers_.find(id)->name;
+    const PeerState& p = *peers_.find(id);
+    std::string name = p.name;
+    // Its connection to us is re-made rather than left to TCP: a connection that crossed a
+    // network partition comes back only when TCP retransmits again, seconds after the network
+    // did (its timer backs off, doubling), where a new one comes up at the first connect
+    // attempt. Our request socket to it goes with forget_peer(); its publisher, at its end,
+    // sees our new connection and our subscriptions again.
+    if (p.transport == TransportKind::kZmq && !linked_.contains(id)) {
+      if (std::string e = listened_endpoint(p.publish_endpoint); !e.empty()) {
+        zmq_.relisten(Peer{e, p.public_key});
+        ++counters_.reconnects;
+      }
+    }
     forget_peer(id,
                 absl::AbortedError(absl::StrCat("bus.net: peer gone: node '", name,
                                                 "' was silent for ", opt_.dead_after(),

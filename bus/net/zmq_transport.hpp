@@ -77,6 +77,9 @@ class ZmqTransport {
   void listen(const Peer& peer);
   /// Disconnects the subscriber from `endpoint` (nothing when it was not connected).
   void unlisten(const std::string& endpoint);
+  /// A new connection to `peer`'s publisher in place of the one there is: what the old one
+  /// still held unread is dropped (counted as gaps by the sequence numbers).
+  void relisten(const Peer& peer);
   /// Takes (or stops taking) topic messages whose channel starts with `prefix`.
   void filter(const std::string& prefix, bool on);
   /// True while the subscriber holds frames not read yet (this node is behind).

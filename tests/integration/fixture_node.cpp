@@ -442,6 +442,7 @@ int main(int argc, char** argv) {
                       " publish_stalls=", st.publish_stalls, " refused=", refused_total,
                       " auth_denied=", st.auth_denied, " malformed=", st.malformed_frames,
                       " peers_lost=", st.peers_lost, " peers_returned=", st.peers_returned,
+                      " reconnects=", st.reconnects,
                       " peers=", st.peers.size(), " members_found=", st.members_found,
                       " members_dropped=", st.members_dropped,
                       " etcd_registrations=", st.etcd_registrations,

@@ -69,6 +69,7 @@ struct NodeStats {
   uint64_t unknown_channel = 0;
   uint64_t peers_lost = 0;
   uint64_t peers_returned = 0;  // same run: the same node id
+  uint64_t reconnects = 0;      // connections to a peer made anew when it was declared dead
   uint64_t calls_peer_gone = 0;
   uint64_t late_replies = 0;
   uint64_t unroutable_replies = 0;
@@ -121,6 +122,8 @@ inline constexpr NodeFigure kNodeFigures[] = {
     {"peers_lost", "Nodes declared dead after hearing nothing from them.", &NodeStats::peers_lost},
     {"peers_returned", "Nodes declared dead that were heard from again.",
      &NodeStats::peers_returned},
+    {"reconnects", "Connections to a peer's publisher made anew when it was declared dead.",
+     &NodeStats::reconnects},
     {"calls_peer_gone", "Requests failed because their node died.", &NodeStats::calls_peer_gone},
     {"late_replies", "Replies that came after their request had ended.", &NodeStats::late_replies},
     {"unroutable_replies", "Replies whose requester had disconnected.",
