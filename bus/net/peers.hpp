@@ -88,9 +88,19 @@ class PeerTable {
   /// `frames`: the ZeroMQ subscriber's frame count (see PeerState::frames_at_seen).
   void heard(uint64_t sender, uint64_t frames);
   /// The peers silent for too long, to be declared dead. `input_waiting(peer)`: frames of it
-  /// may wait unread here (it is not silent, this node is behind).
+  /// may wait unread here (it is not silent, this node is behind). Meant to run every
+  /// check_every(); `now` is a parameter so that a test can run it on a clock of its own.
   template <class Waiting>
-  std::vector<uint64_t> silent(Waiting input_waiting);
+  std::vector<uint64_t> silent(Waiting input_waiting, Clock::time_point now = Clock::now());
+  /// How often silent() is meant to run: once a heartbeat of this node (the bridge checks with
+  /// its own heartbeat, and never later than this after the last check).
+  std::chrono::milliseconds check_every() const { return heartbeat_; }
+  /// The longest gap between two checks that counts as silence. A longer one was time away,
+  /// and all of it past check_every() is given back to the peers. So a peer last heard at t is
+  /// declared dead after more than its interval x dead_after, and by then + check_every() while
+  /// checks keep time, + longest_counted_gap() of counted time however late they come
+  /// (docs/wire-protocol.md §6, tests/net/wire_doc_test.cpp).
+  std::chrono::milliseconds longest_counted_gap() const { return heartbeat_ + heartbeat_ / 2; }
   /// `id` was declared dead: a frame from the same run of it later is a return.
   void declared_dead(uint64_t id) { declared_dead_[id] = Clock::now(); }
   /// True once when a node declared dead speaks again (its numbering went on).
@@ -112,18 +122,15 @@ class PeerTable {
 };
 
 template <class Waiting>
-std::vector<uint64_t> PeerTable::silent(Waiting input_waiting) {
+std::vector<uint64_t> PeerTable::silent(Waiting input_waiting, Clock::time_point now) {
   using namespace std::chrono_literals;
-  auto now = Clock::now();
   // Time this thread did not run its loop (checks come a heartbeat apart at most) does not
   // count: the process was stopped, or this thread was held up (a blocked publish to a full
   // local ring, a slow handler). Peers get that time back: after a pause, frames that came
   // meanwhile may not even have reached this node's sockets yet.
-  if (last_check_ != Clock::time_point{}) {
-    auto away = now - last_check_ - heartbeat_;
-    if (away > heartbeat_ / 2) {
-      for (auto& [id, p] : peers_) p.last_seen += away;
-    }
+  if (last_check_ != Clock::time_point{} && now - last_check_ > longest_counted_gap()) {
+    auto away = now - last_check_ - check_every();
+    for (auto& [id, p] : peers_) p.last_seen += away;
   }
   last_check_ = now;
   std::vector<uint64_t> dead;

@@ -56,7 +56,8 @@ constexpr char kUsage[] =
     "  --ring-bytes=N           the bus's ring size (bus::Options::ring_bytes)\n"
     "  --pause-ms=N --pause-at=K  the readings subscriber stops for N ms at its K-th reading\n"
     "  --curve-public=K --curve-secret=K --allow=K (repeatable)\n"
-    "  --export-readings        publish readings (command: publish)\n"
+    "  --export-readings        publish readings (commands: publish N, publish-at N RATE,\n"
+    "                           pace RATE ... pace-stop)\n"
     "  --import-readings        subscribe to readings (command: report)\n"
     "  --keep-readings          keep every reading received (large ones hold their sender's\n"
     "                           shared memory until the command 'drop')\n"
@@ -195,6 +196,7 @@ struct CallResult {
   uint64_t ok = 0, failed = 0;
   int code = 0;
   std::map<std::string, uint64_t> served_by;
+  std::map<int, uint64_t> codes;  // failures by absl::StatusCode
 };
 
 template <class Req, class Rep>
@@ -210,6 +212,7 @@ CallResult call(bus::Bus& bus, const bus::Endpoint<Req, Rep>& ep, const Req& req
     } else {
       ++r.failed;
       r.code = static_cast<int>(rep.status().code());
+      ++r.codes[r.code];
       std::fprintf(stderr, "bus_fixture_node: call failed: %s\n", rep.status().ToString().c_str());
     }
   }
@@ -219,6 +222,7 @@ CallResult call(bus::Bus& bus, const bus::Endpoint<Req, Rep>& ep, const Req& req
 std::string describe(const CallResult& r) {
   std::string s = absl::StrCat("called ok=", r.ok, " failed=", r.failed, " code=", r.code);
   for (const auto& [name, n] : r.served_by) absl::StrAppend(&s, " served_by.", name, "=", n);
+  for (const auto& [code, n] : r.codes) absl::StrAppend(&s, " code.", code, "=", n);
   return s;
 }
 
@@ -329,7 +333,7 @@ int main(int argc, char** argv) {
           ? absl::StrCat(f.name, "#",
                          std::string(static_cast<std::size_t>(f.reading_bytes - 64), 'p'))
           : f.name;
-  uint64_t refused_total = 0;
+  std::atomic<uint64_t> refused_total{0};  // read by `report` while `pace` publishes
   auto publish_one = [&] {
     uint64_t seq = ++next_seq;
     absl::Status st = f.export_mistyped
@@ -338,6 +342,9 @@ int main(int argc, char** argv) {
     if (!st.ok()) ++refused_total;
     return st.ok();
   };
+  std::thread pacer;  // `pace`: the only publisher while it runs
+  std::atomic<bool> pacing{false};
+  uint64_t paced_refused = 0;
   std::string line;
   while (std::getline(std::cin, line)) {
     std::vector<std::string> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
@@ -390,6 +397,25 @@ int main(int argc, char** argv) {
         refused += publish_one() ? 0 : 1;
       }
       say(absl::StrCat("published n=", n, " refused=", refused, " total=", next_seq));
+    } else if (cmd == "pace" && w.size() >= 2 && !pacer.joinable()) {
+      // `pace RATE`: readings at RATE per second from a thread of their own until `pace-stop`,
+      // so that the test can do things to the network meanwhile.
+      const long rate = std::max(1L, std::stol(w[1]));
+      pacing = true;
+      pacer = std::thread([&, rate] {
+        auto start = std::chrono::steady_clock::now();
+        for (long i = 0; pacing.load(); ++i) {
+          if (i % std::max(1L, rate / 1000) == 0) {
+            std::this_thread::sleep_until(start + std::chrono::microseconds(i * 1'000'000 / rate));
+          }
+          paced_refused += publish_one() ? 0 : 1;
+        }
+      });
+      say("pacing");
+    } else if (cmd == "pace-stop" && pacer.joinable()) {
+      pacing = false;
+      pacer.join();
+      say(absl::StrCat("published refused=", paced_refused, " total=", next_seq));
     } else if (cmd == "wait-received") {
       uint64_t want = static_cast<uint64_t>(arg(1, 1));
       auto count = [&] {
@@ -439,12 +465,11 @@ int main(int argc, char** argv) {
                       " stats.sent=", sv.sent, " stats.received=", sv.received,
                       " stats.rejected=", sv.rejected);
       absl::StrAppend(&s, " published=", st.published, " publish_cuts=", st.publish_cuts,
-                      " publish_stalls=", st.publish_stalls, " refused=", refused_total,
+                      " publish_stalls=", st.publish_stalls, " refused=", refused_total.load(),
                       " auth_denied=", st.auth_denied, " malformed=", st.malformed_frames,
                       " peers_lost=", st.peers_lost, " peers_returned=", st.peers_returned,
-                      " reconnects=", st.reconnects,
-                      " peers=", st.peers.size(), " members_found=", st.members_found,
-                      " members_dropped=", st.members_dropped,
+                      " reconnects=", st.reconnects, " peers=", st.peers.size(),
+                      " members_found=", st.members_found, " members_dropped=", st.members_dropped,
                       " etcd_registrations=", st.etcd_registrations,
                       " etcd_errors=", st.etcd_errors, " dns_errors=", st.dns_errors,
                       " oversized=", st.oversized);
@@ -468,6 +493,8 @@ int main(int argc, char** argv) {
       say(absl::StrCat("error unknown-command=", cmd));
     }
   }
+  pacing = false;
+  if (pacer.joinable()) pacer.join();
   gate.open();  // a held handler must return for the bus to stop
   limiter.reset();
   node->stop();
