@@ -177,6 +177,10 @@ void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
     if (p.endpoint == zmq_.publish_endpoint() || static_peers_.contains(p.endpoint)) continue;
     now.insert(p.endpoint);
     auto& sources = found_[p.endpoint];
+    if (kept_.erase(p.endpoint) > 0) {  // listed again: it was listened to all along
+      sources.insert(source);
+      continue;
+    }
     if (!sources.insert(source).second || sources.size() > 1) continue;  // already listened to
     try {
       listen(p);
@@ -189,22 +193,37 @@ void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
     auto next = std::next(it);
     auto& sources = it->second;
     if (!now.contains(it->first) && sources.erase(source) > 0 && sources.empty()) {
-      zmq_.unlisten(it->first);
-      // Listened to over a shared-memory link instead: not any more (the link stays, for
-      // requests, but its heartbeats stop coming, and so it is declared dead like any).
-      std::vector<uint64_t> by_link;
-      for (const auto& [node, lp] : linked_) {
-        if (lp.endpoint == it->first) by_link.push_back(node);
+      if (source == kEtcdSource && heard_at(it->first)) {
+        kept_.insert(it->first);  // liveness decides (check_peers, forget_peer)
+      } else {
+        drop_member(it->first);
       }
-      for (uint64_t node : by_link) {
-        for (const std::string& f : topic_filters()) shm_.subscribe(node, f, false);
-        linked_.erase(node);
-      }
-      ++counters_.members_dropped;
       found_.erase(it);
     }
     it = next;
   }
+}
+
+void Bridge::drop_member(const std::string& endpoint) {
+  zmq_.unlisten(endpoint);
+  // Listened to over a shared-memory link instead: not any more (the link stays, for requests,
+  // but its heartbeats stop coming, and so it is declared dead like any).
+  std::vector<uint64_t> by_link;
+  for (const auto& [node, lp] : linked_) {
+    if (lp.endpoint == endpoint) by_link.push_back(node);
+  }
+  for (uint64_t node : by_link) {
+    for (const std::string& f : topic_filters()) shm_.subscribe(node, f, false);
+    linked_.erase(node);
+  }
+  ++counters_.members_dropped;
+}
+
+bool Bridge::heard_at(const std::string& endpoint) const {
+  for (const auto& [id, p] : peers_) {
+    if (listened_endpoint(p.publish_endpoint) == endpoint) return true;
+  }
+  return false;
 }
 
 MemberRecord Bridge::member_record() const {

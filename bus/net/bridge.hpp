@@ -50,7 +50,9 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   void add_peer(const Peer& peer);
   /// Bridge thread: the publishers `source` (etcd, or one DNS name) finds now, replacing what it
   /// found before. One that no source lists any more is no longer listened to (its heartbeats
-  /// stop, and it is declared dead as any silent node); a static peer always is.
+  /// stop, and it is declared dead as any silent node); a static peer always is. But one that
+  /// etcd drops while its node is heard is kept until liveness declares that node dead: etcd
+  /// drops a node whose lease ran out, and a node cut off from etcd, not from us, is alive.
   void found(const std::string& source, const std::vector<Peer>& peers);
   /// Bridge thread: what this node registers in etcd.
   MemberRecord member_record() const;
@@ -253,6 +255,10 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   // ---- peers (bridge_out.cpp) ------------------------------------------------------------
   /// Listens to a publisher's endpoint.
   void listen(const Peer& peer);
+  /// No longer listens to the publisher at `endpoint` (found by membership), over either way.
+  void drop_member(const std::string& endpoint);
+  /// A live peer is heard through the publisher listened to at `endpoint`.
+  bool heard_at(const std::string& endpoint) const;
   void check_peers();
   void forget_peer(uint64_t id, const absl::Status& why, Forget how);
   void update_reachability();
@@ -326,6 +332,8 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   // static ones (never dropped).
   absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> found_;
   absl::flat_hash_set<std::string> static_peers_;
+  // Publishers etcd no longer lists whose nodes were still heard: listened to until they die.
+  absl::flat_hash_set<std::string> kept_;
   /// A publisher listened to over its shared-memory link instead of ZeroMQ. Its topics move
   /// without a loss, a duplicate or a reordering. The link carries nothing of them before the
   /// publisher's first heartbeat naming this node (`handover`), and everything after it; ZeroMQ

@@ -41,7 +41,9 @@ void Bridge::offer_link(uint64_t id, const wire::Heartbeat::Reader& hb) {
 }
 
 std::string Bridge::listened_endpoint(const std::string& endpoint) const {
-  if (static_peers_.contains(endpoint) || found_.contains(endpoint)) return endpoint;
+  if (static_peers_.contains(endpoint) || found_.contains(endpoint) || kept_.contains(endpoint)) {
+    return endpoint;
+  }
   // A publisher bound to every interface says "tcp://0.0.0.0:7401": on one host, any address of
   // ours with that port reaches it.
   std::string host, port;

@@ -514,7 +514,8 @@ void Bridge::check_peers() {
     // attempt. Our request socket to it goes with forget_peer(); its publisher, at its end,
     // sees our new connection and our subscriptions again.
     if (p.transport == TransportKind::kZmq && !linked_.contains(id)) {
-      if (std::string e = listened_endpoint(p.publish_endpoint); !e.empty()) {
+      std::string e = listened_endpoint(p.publish_endpoint);
+      if (!e.empty() && !kept_.contains(e)) {  // a kept one is dropped: see forget_peer()
         zmq_.relisten(Peer{e, p.public_key});
         ++counters_.reconnects;
       }
@@ -546,8 +547,15 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why, Forget how) {
   p = peers_.find(id);  // a finished call may have changed the table
   if (p == nullptr) return;
   std::vector<CallBatch> unsent = std::move(p->calls);
+  const std::string endpoint = listened_endpoint(p->publish_endpoint);
   zmq_.close_route(id);
   peers_.erase(id);
+  // Kept after etcd dropped it because it was alive: no longer (unless a node that took its
+  // place there is).
+  if (kept_.contains(endpoint) && !heard_at(endpoint)) {
+    kept_.erase(endpoint);
+    drop_member(endpoint);
+  }
   if (how == Forget::kForGood) {
     ledger_.forget_for_good(id);
     linked_.erase(id);  // what waited for its handover goes with it

@@ -383,7 +383,7 @@ struct Membership::Impl {
     for (const auto& [key, m] : members) {
       if (all || related(m)) peers.push_back(m.peer);
     }
-    bridge.post([b = &bridge, peers = std::move(peers)] { b->found("etcd", peers); });
+    bridge.post([b = &bridge, peers = std::move(peers)] { b->found(kEtcdSource, peers); });
   }
 
   /// A registration's value -> the node (false for our own, or one unreadable).

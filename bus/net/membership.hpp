@@ -25,6 +25,9 @@ struct MemberRecord {
 };
 
 /// The membership's counters, kept by the bridge (read without waiting for the membership).
+/// The source name etcd's members are found under (Bridge::found).
+inline constexpr char kEtcdSource[] = "etcd";
+
 struct MembershipCounters {
   std::atomic<uint64_t> etcd_registrations{0}, etcd_errors{0}, dns_errors{0};
   void add_to(NodeStats& s) const {

@@ -41,13 +41,38 @@ std::string fresh_prefix() {
   return absl::StrCat("/bus-test/", ::getpid(), "-", n++, "/");
 }
 
-Etcd::Etcd() {
+namespace {
+std::string scratch_dir() {
   char tmpl[] = "/tmp/bus-etcd-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return;
-  dir_ = tmpl;
+  return ::mkdtemp(tmpl) == nullptr ? "" : tmpl;
+}
+}  // namespace
+
+Etcd::Etcd() : dir_(scratch_dir()) {
+  if (dir_.empty()) return;
   url_ = absl::StrCat("http://127.0.0.1:", free_port());
   peer_url_ = absl::StrCat("http://127.0.0.1:", free_port());
   start();
+}
+
+Etcd::Etcd(std::vector<std::string> prefix, const std::string& host)
+    : prefix_(std::move(prefix)), dir_(scratch_dir()) {
+  if (dir_.empty()) return;
+  // The namespace is this test's alone: its ports are free.
+  url_ = absl::StrCat("http://", host, ":2379");
+  peer_url_ = absl::StrCat("http://", host, ":2380");
+  start();
+}
+
+std::vector<std::string> Etcd::in_place(std::vector<std::string> argv) const {
+  argv.insert(argv.begin(), prefix_.begin(), prefix_.end());
+  return argv;
+}
+
+bool Etcd::healthy() const {
+  std::string out;
+  run_command(in_place({"curl", "-s", "--max-time", "30", absl::StrCat(url_, "/health")}), &out);
+  return out.find("\"true\"") != std::string::npos;
 }
 
 Etcd::~Etcd() {
@@ -65,17 +90,13 @@ bool Etcd::start() {
                    url_, " --advertise-client-urls ", url_, " --listen-peer-urls ", peer_url_,
                    " --initial-advertise-peer-urls ", peer_url_,
                    " --initial-cluster bus-test=", peer_url_, " >>", dir_, "/etcd.log 2>&1");
-  child_ = std::make_unique<Child>(std::vector<std::string>{"sh", "-c", cmd});
+  child_ = std::make_unique<Child>(in_place({"sh", "-c", cmd}));
   if (!child_->running()) {
     child_.reset();
     return false;
   }
   // 60 s: a loaded CI machine under a sanitizer.
-  if (bus_test::eventually(
-          [&] {
-            return curl({absl::StrCat(url_, "/health")}).find("\"true\"") != std::string::npos;
-          },
-          std::chrono::seconds(60))) {
+  if (bus_test::eventually([&] { return healthy(); }, std::chrono::seconds(60))) {
     return true;
   }
   std::string log;
@@ -87,7 +108,8 @@ bool Etcd::start() {
 
 std::vector<std::string> Etcd::keys(const std::string& prefix) const {
   std::string out;
-  run_command({"etcdctl", "--endpoints", url_, "get", prefix, "--prefix", "--keys-only"}, &out);
+  run_command(in_place({"etcdctl", "--endpoints", url_, "get", prefix, "--prefix", "--keys-only"}),
+              &out);
   std::vector<std::string> keys;
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipWhitespace())) {
     keys.emplace_back(line);
@@ -98,13 +120,13 @@ std::vector<std::string> Etcd::keys(const std::string& prefix) const {
 
 std::string Etcd::get(const std::string& key) const {
   std::string out;
-  run_command({"etcdctl", "--endpoints", url_, "get", key, "--print-value-only"}, &out);
+  run_command(in_place({"etcdctl", "--endpoints", url_, "get", key, "--print-value-only"}), &out);
   while (!out.empty() && out.back() == '\n') out.pop_back();
   return out;
 }
 
 bool Etcd::put(const std::string& key, const std::string& value) const {
-  return run_command({"etcdctl", "--endpoints", url_, "put", key, value}) == 0;
+  return run_command(in_place({"etcdctl", "--endpoints", url_, "put", key, value})) == 0;
 }
 
 }  // namespace integ

@@ -14,6 +14,9 @@ class Etcd {
  public:
   /// Starts it and waits until it answers /health. Check running().
   Etcd();
+  /// The same, run through `prefix` (`ip netns exec NS`) and listening on `host` (an address in
+  /// that namespace) at etcd's usual ports; etcdctl runs there too.
+  Etcd(std::vector<std::string> prefix, const std::string& host);
   ~Etcd();
   Etcd(const Etcd&) = delete;
   Etcd& operator=(const Etcd&) = delete;
@@ -33,6 +36,11 @@ class Etcd {
   bool put(const std::string& key, const std::string& value) const;
 
  private:
+  /// `argv` run through prefix_.
+  std::vector<std::string> in_place(std::vector<std::string> argv) const;
+  bool healthy() const;
+
+  std::vector<std::string> prefix_;
   std::string dir_, url_, peer_url_;
   std::unique_ptr<Child> child_;
 };

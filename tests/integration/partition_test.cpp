@@ -6,9 +6,11 @@
 // Needs root and iproute2; skipped, saying why, where the machine does not allow it.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "integration/etcd.hpp"
 #include "integration/hosts.hpp"
 #include "integration/node_process.hpp"
 #include "support/test_support.hpp"
@@ -241,4 +243,96 @@ TEST(Partition, CallsEndByTheirDeadlineAndThenGoToTheLiveServer) {
   Answer c = caller.report();
   EXPECT_EQ(c.num("peers_lost"), 1u) << c.line;
   EXPECT_EQ(c.num("peers_returned"), 1u) << c.line;
+}
+
+// Membership through a real etcd, on the router (both hosts reach it whatever the partition
+// between them does).
+class PartitionedMembership : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (std::string refused = hosts.create(); !refused.empty()) {
+      GTEST_SKIP() << "this machine does not allow network namespaces here: " << refused;
+    }
+    etcd.emplace(hosts.exec_in(hosts.router()), Hosts::service());
+    ASSERT_TRUE(etcd->running()) << "could not start etcd";
+    a.emplace(node("a", hosts.address_a(), 7101, member({"--export-readings"})),
+              hosts.exec_in(hosts.a()));
+    b.emplace(node("b", hosts.address_b(), 7121, member({"--import-readings"})),
+              hosts.exec_in(hosts.b()));
+    ASSERT_TRUE(a->ready() && b->ready());
+    ASSERT_EQ(a->ask("wait-peers 1").num("n"), 1u);
+    ASSERT_EQ(b->ask("wait-peers 1").num("n"), 1u);
+    ASSERT_EQ(a->ask("wait-subscribers 1").num("n"), 1u);
+    ASSERT_EQ(a->ask("pace 1000").word, "pacing");
+    ASSERT_GE(b->ask("wait-received 200").num("n"), 200u);
+  }
+  std::vector<std::string> member(std::vector<std::string> flags) {
+    return integ::cat({"--etcd=" + etcd->url(), "--etcd-prefix=" + prefix}, flags);
+  }
+  bool receives(NodeProcess& who, uint64_t more) {
+    uint64_t want = who.report().num("received") + more;
+    return who.ask("wait-received " + std::to_string(want)).num("n") >= want;
+  }
+  /// b received or counted every reading a published.
+  void settle() {
+    uint64_t total = a->ask("pace-stop").num("total");
+    EXPECT_TRUE(bus_test::eventually(
+        [&] {
+          Answer r = b->report();
+          return r.num("received") + r.num("readings.gaps") == total;
+        },
+        60s))
+        << b->report().line << " published " << total;
+  }
+
+  Hosts hosts{Hosts::Layout::kRouted};  // first: deleted after the processes in it
+  std::optional<integ::Etcd> etcd;
+  std::string prefix = integ::fresh_prefix();
+  std::optional<NodeProcess> a, b;
+};
+
+TEST_F(PartitionedMembership, ANodeCutOffFromEtcdButNotFromItsPeersKeepsThemAndTheyKeepIt) {
+  ASSERT_EQ(etcd->keys(prefix).size(), 2u);
+  ASSERT_TRUE(hosts.blackhole(hosts.a(), Hosts::service(), true));
+  // Its lease runs out and etcd deletes its key; b hears a all the while, and keeps it.
+  EXPECT_TRUE(bus_test::eventually([&] { return etcd->keys(prefix).size() == 1; }, 60s));
+  EXPECT_TRUE(bus_test::eventually([&] { return a->report().num("etcd_errors") >= 1; }, 60s));
+  EXPECT_TRUE(receives(*b, 2000));
+  ASSERT_TRUE(hosts.blackhole(hosts.a(), Hosts::service(), false));
+  // Back: a registers again.
+  EXPECT_TRUE(bus_test::eventually([&] { return etcd->keys(prefix).size() == 2; }, 60s));
+  EXPECT_TRUE(receives(*b, 1000));
+  settle();
+
+  Answer ra = a->report(), rb = b->report();
+  EXPECT_EQ(rb.num("readings.gaps"), 0u) << rb.line;
+  EXPECT_EQ(ra.num("peers_lost"), 0u) << ra.line;
+  EXPECT_EQ(rb.num("peers_lost"), 0u) << rb.line;
+  EXPECT_EQ(rb.num("members_dropped"), 0u) << rb.line;
+  EXPECT_EQ(ra.num("members_dropped"), 0u) << ra.line;
+  EXPECT_GE(ra.num("etcd_registrations"), 2u) << ra.line;
+  EXPECT_EQ(ra.num("peers"), 1u) << ra.line;
+  EXPECT_EQ(rb.num("peers"), 1u) << rb.line;
+}
+
+TEST_F(PartitionedMembership, NodesCutOffFromEachOtherButNotFromEtcdAreDroppedByLivenessAndReturn) {
+  ASSERT_TRUE(hosts.partition(true, true));
+  // Both keep their leases (etcd still lists both), yet each declares the other dead.
+  EXPECT_EQ(a->ask("wait-peer-count 0").num("n"), 0u);
+  EXPECT_EQ(b->ask("wait-peer-count 0").num("n"), 0u);
+  EXPECT_EQ(etcd->keys(prefix).size(), 2u);
+  ASSERT_TRUE(hosts.heal());
+  EXPECT_EQ(a->ask("wait-peers 1").num("n"), 1u);
+  EXPECT_EQ(b->ask("wait-peers 1").num("n"), 1u);
+  EXPECT_TRUE(receives(*b, 1000));
+  settle();
+
+  Answer ra = a->report(), rb = b->report();
+  EXPECT_GT(rb.num("readings.gaps"), 0u) << rb.line;
+  EXPECT_EQ(ra.num("missed_by.b"), rb.num("readings.gaps")) << ra.line;
+  for (const Answer& r : {ra, rb}) {
+    EXPECT_EQ(r.num("peers_lost"), 1u) << r.line;
+    EXPECT_EQ(r.num("peers_returned"), 1u) << r.line;
+    EXPECT_EQ(r.num("members_dropped"), 0u) << r.line;
+  }
 }
