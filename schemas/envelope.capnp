@@ -87,7 +87,7 @@ struct Heartbeat {
   handover @14 :List(UInt64);  # nodes that take its heartbeats over a shared-memory link: the
                                # first heartbeat naming one is the first frame on that link, and
                                # everything it published before that went over ZeroMQ only; a
-                               # node moves at the first one that reaches it over ZeroMQ (§15)
+                               # node moves at the first one that reaches it over ZeroMQ (§16)
 }
 
 # How to reach a node over shared memory (docs/wire-protocol.md §15): connect to `socket`, if

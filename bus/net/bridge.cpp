@@ -452,7 +452,7 @@ void Bridge::beat_and_check() {
     update_subscriptions();
     check_peers();
     sweep_pending();
-    next_check_ = now + opt_.heartbeat();
+    next_check_ = now + peers_.check_every();
     // Every socket is asked for its events now and then: should ZeroMQ ever take a socket's
     // signal where the loop does not expect it, its input still waits no longer than this.
     // Not at every check: asking costs two syscalls per socket, and a node has one per peer.

