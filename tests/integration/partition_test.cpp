@@ -107,6 +107,15 @@ struct ThreeNodes {
         << far.report().line;
   }
 
+  /// Once the network is whole again: each hears the other, readings reach far again, then
+  /// publishing stops and every reading is accounted for (check_accounting).
+  void back_and_settled() {
+    EXPECT_EQ(far.ask("wait-peers 1").num("n"), 1u);
+    EXPECT_EQ(pub.ask("wait-peers 2").num("n"), 2u);
+    EXPECT_TRUE(receives(far, 1000));
+    check_accounting(stop());
+  }
+
   NodeProcess pub, near, far;
 };
 
@@ -132,12 +141,7 @@ TEST(Partition, APartitionedSubscriberCostsOnlyItselfAndComesBack) {
   Answer during = n.pub.report();
   ASSERT_TRUE(hosts.heal());
 
-  // Back: each hears the other again, and readings reach far again.
-  EXPECT_EQ(n.far.ask("wait-peers 1").num("n"), 1u);
-  EXPECT_EQ(n.pub.ask("wait-peers 2").num("n"), 2u);
-  EXPECT_TRUE(n.receives(n.far, 1000));
-  uint64_t total = n.stop();
-  n.check_accounting(total);
+  n.back_and_settled();
 
   Answer f = n.far.report(), p = n.pub.report();
   EXPECT_GT(f.num("readings.gaps"), 0u) << "nothing lost across a partition? " << f.line;
@@ -165,11 +169,7 @@ TEST(Partition, AOneWayPartitionIsOneDeathAndOneReturn) {
   EXPECT_TRUE(n.receives(n.near, 2000));
   ASSERT_TRUE(hosts.heal());
 
-  EXPECT_EQ(n.far.ask("wait-peers 1").num("n"), 1u);
-  EXPECT_EQ(n.pub.ask("wait-peers 2").num("n"), 2u);
-  EXPECT_TRUE(n.receives(n.far, 1000));
-  uint64_t total = n.stop();
-  n.check_accounting(total);
+  n.back_and_settled();
 
   Answer f = n.far.report(), p = n.pub.report();
   EXPECT_EQ(f.num("peers_lost"), 1u) << f.line;
@@ -193,9 +193,7 @@ TEST(Partition, ASubscriberBehindASlowLinkIsASlowSubscriber) {
       << n.pub.report().line;
   EXPECT_TRUE(n.receives(n.near, 2000));
   ASSERT_TRUE(hosts.slow_to_b(""));
-  EXPECT_TRUE(n.receives(n.far, 1000));
-  uint64_t total = n.stop();
-  n.check_accounting(total);
+  n.back_and_settled();
 
   Answer f = n.far.report(), p = n.pub.report();
   EXPECT_GT(f.num("readings.gaps"), 0u) << f.line;
