@@ -219,9 +219,9 @@ void Bridge::drop_member(const std::string& endpoint) {
   ++counters_.members_dropped;
 }
 
-bool Bridge::heard_at(const std::string& endpoint) const {
+bool Bridge::heard_at(const std::string& endpoint, uint64_t except) const {
   for (const auto& [id, p] : peers_) {
-    if (listened_endpoint(p.publish_endpoint) == endpoint) return true;
+    if (id != except && listened_endpoint(p.publish_endpoint) == endpoint) return true;
   }
   return false;
 }

@@ -257,8 +257,8 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   void listen(const Peer& peer);
   /// No longer listens to the publisher at `endpoint` (found by membership), over either way.
   void drop_member(const std::string& endpoint);
-  /// A live peer is heard through the publisher listened to at `endpoint`.
-  bool heard_at(const std::string& endpoint) const;
+  /// A live peer (other than `except`) is heard through the publisher listened to at `endpoint`.
+  bool heard_at(const std::string& endpoint, uint64_t except = 0) const;
   void check_peers();
   void forget_peer(uint64_t id, const absl::Status& why, Forget how);
   void update_reachability();

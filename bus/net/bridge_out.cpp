@@ -515,9 +515,14 @@ void Bridge::check_peers() {
     // sees our new connection and our subscriptions again.
     if (p.transport == TransportKind::kZmq && !linked_.contains(id)) {
       std::string e = listened_endpoint(p.publish_endpoint);
-      if (!e.empty() && !kept_.contains(e)) {  // a kept one is dropped: see forget_peer()
-        zmq_.relisten(Peer{e, p.public_key});
-        ++counters_.reconnects;
+      // Not a kept one (forget_peer() drops it), nor one a node that took its place speaks on.
+      if (!e.empty() && !kept_.contains(e) && !heard_at(e, id)) {
+        try {
+          zmq_.relisten(Peer{e, p.public_key});
+          ++counters_.reconnects;
+        } catch (const std::exception& ex) {  // listened to before: not expected
+          log_once(absl::StrCat("relisten:", e), ex.what());
+        }
       }
     }
     forget_peer(id,
