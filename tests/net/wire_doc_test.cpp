@@ -3,11 +3,10 @@
 // compared byte for byte with what the encoders make of the values the document states.
 #include <bus/schemas/demo.capnp.h>
 #include <bus/schemas/envelope.capnp.h>
-#include <capnp/dynamic.h>
 #include <capnp/message.h>
-#include <capnp/schema.h>
 #include <capnp/serialize.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bus/net/options.hpp>
@@ -343,175 +342,38 @@ std::string xxd(const std::vector<uint8_t>& b) {  // as `xxd -g 1` prints it, as
   return out;
 }
 
-// A value in Cap'n Proto's text format, as `capnp encode` reads it: "(a = 1, b = [(c = "x")])".
-struct Value {
-  enum class Kind { kAtom, kString, kList, kStruct } kind = Kind::kAtom;
-  std::string text;                // an atom (number, enumerant, true/false) or a string
-  std::vector<std::string> names;  // a struct's fields, in the order written
-  std::vector<Value> items;        // a struct's values (beside `names`), a list's items
-};
-
-class TextParser {
- public:
-  explicit TextParser(std::string_view s) : s_(s) {}
-  Value parse() {
-    Value v = value();
-    skip();
-    if (at_ != s_.size()) fail("text after the value");
-    return v;
+/// The schema file that defines each struct whose frames the document dumps.
+std::optional<std::string> schema_of(const std::string& type) {
+  const std::string dir = BUS_SCHEMA_DIR;
+  if (type == "Envelope" || type == "Heartbeat") return dir + "/envelope.capnp";
+  if (type == "Reading" || type == "StatsRequest" || type == "StatsReply") {
+    return dir + "/demo.capnp";
   }
-
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error(what + " at \"" + std::string(s_.substr(at_, 20)) + "\"");
-  }
-  void skip() {
-    while (at_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[at_]))) ++at_;
-  }
-  bool take(char c) {
-    skip();
-    if (at_ < s_.size() && s_[at_] == c) {
-      ++at_;
-      return true;
-    }
-    return false;
-  }
-  void expect(char c) {
-    if (!take(c)) fail(std::string("expected '") + c + "'");
-  }
-  std::string atom() {
-    skip();
-    std::size_t from = at_;
-    while (at_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[at_])) ||
-                               s_[at_] == '_' || s_[at_] == '.' || s_[at_] == '-')) {
-      ++at_;
-    }
-    if (at_ == from) fail("expected a value");
-    return std::string(s_.substr(from, at_ - from));
-  }
-  Value value() {
-    Value v;
-    if (take('(')) {
-      v.kind = Value::Kind::kStruct;
-      if (take(')')) return v;
-      do {
-        v.names.push_back(atom());
-        expect('=');
-        v.items.push_back(value());
-      } while (take(','));
-      expect(')');
-    } else if (take('[')) {
-      v.kind = Value::Kind::kList;
-      if (take(']')) return v;
-      do v.items.push_back(value());
-      while (take(','));
-      expect(']');
-    } else if (take('"')) {
-      v.kind = Value::Kind::kString;
-      while (at_ < s_.size() && s_[at_] != '"') {
-        if (s_[at_] == '\\' && at_ + 1 < s_.size()) ++at_;
-        v.text += s_[at_++];
-      }
-      expect('"');
-    } else {
-      v.text = atom();
-    }
-    return v;
-  }
-
-  std::string_view s_;
-  std::size_t at_ = 0;
-};
-
-capnp::DynamicValue::Reader scalar(capnp::Type type, const Value& v) {
-  if (v.kind != Value::Kind::kAtom) throw std::runtime_error("expected a number or a name");
-  const char* s = v.text.c_str();
-  char* end = nullptr;
-  capnp::DynamicValue::Reader out;
-  switch (type.which()) {
-    case capnp::schema::Type::BOOL:
-      if (v.text != "true" && v.text != "false") throw std::runtime_error("not a Bool: " + v.text);
-      return v.text == "true";
-    case capnp::schema::Type::ENUM:
-      KJ_IF_MAYBE (e, type.asEnum().findEnumerantByName(v.text)) {
-        return capnp::DynamicEnum(*e);
-      }
-      throw std::runtime_error("no enumerant " + v.text);
-    case capnp::schema::Type::FLOAT32:
-    case capnp::schema::Type::FLOAT64: out = std::strtod(s, &end); break;
-    case capnp::schema::Type::INT8:
-    case capnp::schema::Type::INT16:
-    case capnp::schema::Type::INT32:
-    case capnp::schema::Type::INT64: out = static_cast<int64_t>(std::strtoll(s, &end, 0)); break;
-    default: out = static_cast<uint64_t>(std::strtoull(s, &end, 0)); break;
-  }
-  if (end == s || *end != '\0') throw std::runtime_error("not a number: " + v.text);
-  return out;
-}
-
-void fill(capnp::DynamicStruct::Builder b, const Value& v);
-
-void fill(capnp::DynamicList::Builder list, const Value& v) {
-  capnp::Type element = list.getSchema().getElementType();
-  for (unsigned i = 0; i < list.size(); ++i) {
-    const Value& item = v.items[i];
-    if (element.isStruct()) {
-      fill(list[i].as<capnp::DynamicStruct>(), item);
-    } else if (element.isText()) {
-      list.set(i, capnp::Text::Reader(item.text.c_str()));
-    } else {
-      list.set(i, scalar(element, item));
-    }
-  }
-}
-
-/// Sets the fields of `v` in `b` in the order written, as `capnp encode` does (the order decides
-/// where each text and list goes in the segment).
-void fill(capnp::DynamicStruct::Builder b, const Value& v) {
-  if (v.kind != Value::Kind::kStruct) throw std::runtime_error("expected (...)");
-  for (std::size_t i = 0; i < v.names.size(); ++i) {
-    capnp::StructSchema::Field field = [&] {
-      KJ_IF_MAYBE (f, b.getSchema().findFieldByName(v.names[i])) {
-        return *f;
-      }
-      throw std::runtime_error("no field " + v.names[i]);
-    }();
-    capnp::Type type = field.getType();
-    const Value& value = v.items[i];
-    if (type.isStruct()) {
-      fill(b.init(field).as<capnp::DynamicStruct>(), value);
-    } else if (type.isList()) {
-      if (value.kind != Value::Kind::kList) throw std::runtime_error("expected [...]");
-      fill(b.init(field, static_cast<unsigned>(value.items.size())).as<capnp::DynamicList>(),
-           value);
-    } else if (type.isText()) {
-      if (value.kind != Value::Kind::kString) throw std::runtime_error("expected \"...\"");
-      b.set(field, capnp::Text::Reader(value.text.c_str()));
-    } else {
-      b.set(field, scalar(type, value));
-    }
-  }
-}
-
-/// The structs whose frames the document dumps.
-std::optional<capnp::StructSchema> schema_of(const std::string& type) {
-  if (type == "Envelope") return capnp::Schema::from<bus::wire::Envelope>();
-  if (type == "Heartbeat") return capnp::Schema::from<bus::wire::Heartbeat>();
-  if (type == "Reading") return capnp::Schema::from<demo::Reading>();
-  if (type == "StatsRequest") return capnp::Schema::from<demo::StatsRequest>();
-  if (type == "StatsReply") return capnp::Schema::from<demo::StatsReply>();
   return std::nullopt;
 }
 
-/// What `capnp encode` makes of a stated message: one message in stream framing.
+/// What `capnp encode` makes of a stated message: the tool itself, as §15 runs it (it lays
+/// texts and lists out in the order the fields are written), one message in stream framing.
 std::vector<uint8_t> capnp_encode(const Stated& m) {
   auto schema = schema_of(m.type);
   if (!schema) throw std::runtime_error("no schema here for " + m.type);
-  capnp::MallocMessageBuilder message;
-  fill(message.initRoot<capnp::DynamicStruct>(*schema), TextParser(m.values).parse());
-  kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
-  auto bytes = words.asBytes();
-  return {bytes.begin(), bytes.end()};
+  char path[] = "/tmp/bus-wire-doc-XXXXXX";
+  int fd = ::mkstemp(path);
+  if (fd < 0) throw std::runtime_error("mkstemp failed");
+  ::close(fd);
+  std::ofstream(path) << m.values << "\n";
+  std::string command = "capnp encode '" + *schema + "' " + m.type + " < " + path;
+  std::vector<uint8_t> out;
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p != nullptr) {
+    char buf[4096];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;)
+      out.insert(out.end(), buf, buf + n);
+  }
+  const int status = p != nullptr ? ::pclose(p) : -1;
+  std::remove(path);
+  if (status != 0) throw std::runtime_error("'" + command + "' failed (is capnp installed?)");
+  return out;
 }
 
 /// ...and of every message a dump states, back to back (a frame 3 of several payloads).
