@@ -333,7 +333,8 @@ void Bridge::wait_for_work(Pass& pass) {
                           std::chrono::ceil<milliseconds>(until - now).count(), 1, 60'000));
   // Asking the XPUB for its events (in prepare) takes in the command that gave room without its
   // ZMQ_FD saying so again: retried only after the wait, the held frame would wait out the whole
-  // timeout with room to spare (the 1 KiB publish benchmark lost a fifth of its rate).
+  // timeout with room to spare (what that cost: docs/benchmarks.md, "The figures behind the
+  // code").
   if (timeout > 0 && gate_.holding() && retry_held()) timeout = 0;
   // Links' writers wake this thread through its eventfd only while it says it sleeps.
   if (timeout != 0 && !shm_.sleep()) timeout = 0;

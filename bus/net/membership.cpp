@@ -55,9 +55,9 @@ constexpr auto kMaxRetry = 2s;
 // What stop() waits for the lease's revocation.
 constexpr auto kRevokeTimeout = 500ms;
 // The shortest lease asked for (etcd's own minimum is 2 s). The lease says whom to listen to,
-// not who is alive (heartbeats do): one that runs out under a live node drops it from everyone's
-// peers until it registers again. 2 s leases ran out under 64 nodes starting together on 2 cores
-// (etcd among them), and the churn tripled the time to full membership (docs/benchmarks.md).
+// not who is alive (heartbeats do). Shorter leases ran out under many nodes starting together on
+// a small machine, etcd among them, and the re-registrations slowed the whole mesh's joining
+// (docs/benchmarks.md, "The figures behind the code").
 constexpr int64_t kMinLeaseSeconds = 5;
 
 struct Url {

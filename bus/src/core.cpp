@@ -380,20 +380,20 @@ void Core::run_executor(Inbox& in, unsigned index) {
 
     // Spin before parking. How often it looks at the rings adapts to the traffic (the records
     // taken since the last spin): after a trickle (a reply, a request) it looks after every
-    // pause, so the next one is taken at once (64 pauses of ~20-140 cycles cost request/reply
-    // about a microsecond per hop); after a stream, every 64 pauses; after a fast stream (32 or
-    // more records since the last look), every 512 pauses (about 10 us here), so the producer
-    // writes hundreds of records on lines this core does not take from it. A producer publishing
-    // message by message went from 21-25 to 37-41 M msgs/s with that last step (bench/queues).
-    // The clock, timers, state and backlog are looked at every 64 pauses.
+    // pause, so the next one is taken at once (64 pauses between looks would cost request/reply
+    // a good part of a hop); after a stream, every 64 pauses; after a fast stream (32 or more
+    // records since the last look), every 512 pauses, so the producer writes hundreds of records
+    // on lines this core does not take from it: what lets a producer publishing message by
+    // message run at full speed (docs/benchmarks.md, "The figures behind the code"). The clock,
+    // timers, state and backlog are looked at every 64 pauses.
     bool work = false;
     if (spins) {
       const int pauses = since_spin >= kFastStreamRecords ? kFastStreamPauses
                          : since_spin >= kStreamRecords   ? kStreamPauses
                                                           : 1;
       // The spin's end is set at its first look at the clock (64 pauses in), not on entry: a
-      // clock read costs 20-30 ns here, and an executor answering requests enters the spin
-      // once per request.
+      // clock read is not free, and an executor answering requests enters the spin once per
+      // request.
       auto until = Clock::time_point::max();
       for (uint64_t paused = 0; !work;) {
         if (yield_cpu) {

@@ -31,8 +31,8 @@ enum class TargetForm {
   kAsterisk,  // "*" (OPTIONS only)
   kInvalid,   // bytes outside visible ASCII, or no form at all
 };
-/// One pass over the target (string_view::find_first_of calls memchr per character: about 300
-/// instructions for "/greeting/Sergio", this a fifth of that).
+/// One pass over the target (string_view::find_first_of calls memchr once per character; the
+/// instructions each costs: docs/benchmarks.md, "The figures behind the code").
 TargetForm classify_target(std::string_view target);
 
 /// The origin-form of an absolute-form target ("http://a/x?y" -> "/x?y", "http://a" -> "/"),

@@ -215,8 +215,8 @@ void IoThread::wait_for_connections() {
 
 void IoThread::poll_connections() {
   // A round is short: its requests go to the executors together when it ends (batch_round), and
-  // their replies are sent between rounds. 256 events per round kept requests 9 ms on average
-  // at 10,000 busy connections on one core shared with the executor; 32 kept them under 1 ms.
+  // their replies are sent between rounds, so every request waits for the whole round it came in
+  // (long rounds and what they cost: docs/benchmarks.md, "The figures behind the code").
   std::array<epoll_event, kRound> events;
   int n = ::epoll_wait(poller_->native_handle(), events.data(), kRound, 0);
   // Replies first, every round: the eventfd's event may wait behind thousands of connection

@@ -69,8 +69,8 @@ struct Handover {
 /// A connection's reads and writes are plain non-blocking syscalls on a socket registered once,
 /// edge-triggered, in its I/O thread's connection poller (IoThread::poll_connections), not Asio
 /// socket operations: Asio 1.74 starts every read either with a recv that finds nothing yet or
-/// with an epoll_ctl re-arm, one syscall per request more than needed (a third of the syscalls
-/// of a keep-alive request, measured at 10,000 connections). Like nginx, a recv that returns
+/// with an epoll_ctl re-arm, one syscall per request more than needed (how many that is: docs/
+/// benchmarks.md, "The figures behind the code"). Like nginx, a recv that returns
 /// less than it asked for means the socket is drained until its next edge. Beast still parses
 /// the requests; the responses are formatted into out_.
 ///

@@ -13,8 +13,8 @@ namespace bus::detail {
 /// Why: a message is made on one thread (a publisher, the bridge decoding a frame) and freed on
 /// another (the consumer that ran the last handler). With glibc's allocator alone the freed
 /// chunks go back to the producer's arena, coalesce at its top and are trimmed away, and the
-/// producer's next burst grows the heap again, page faults included: at 64 B-1 KiB payloads that
-/// was a third of the bridge benchmark's CPU. Here the consumer's thread fills magazines, hands
+/// producer's next burst grows the heap again, page faults included: at small payloads, a large
+/// part of the bridge's CPU (docs/benchmarks.md). Here the consumer's thread fills magazines, hands
 /// them to the depot whole (a mutex per magazine of up to 64 buffers), and the producer's thread
 /// takes them back. The bridge's outgoing frames come from here too (ZeroMQ's I/O thread frees
 /// them).

@@ -166,8 +166,8 @@ class NodeOptions {
   /// never (a subscriber that stops reading then holds at most subscription_queue() frames here
   /// until its process or its host goes). Off by default because libzmq 4.3.4 (Debian 12's) can
   /// abort the process at the other end of a connection its heartbeat timeout resets while that
-  /// end's input is stopped (zeromq/libzmq#4364, #4767): it did, to 2 of 64 nodes starting
-  /// under load. Each ping also wakes both ends' ZeroMQ threads.
+  /// end's input is stopped (zeromq/libzmq#4364, #4767; seen here in nodes starting under load,
+  /// docs/wire-protocol.md §6). Each ping also wakes both ends' ZeroMQ threads.
   NodeOptions& subscriber_timeout(std::chrono::milliseconds d) {
     subscriber_timeout_ = d;
     return *this;
