@@ -42,8 +42,10 @@ fixtures=("$PWD/$build/tests/integration/bus_fixture_node")
 work=$(mktemp -d)
 ns=bus-bench-$$
 cleanup() {
-  jobs -p | xargs -r kill -9 2>/dev/null || true
-  for n in a b r; do ip netns del "$ns-$n" 2>/dev/null || true; done
+  for n in a b r; do
+    ip netns pids "$ns-$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$ns-$n" 2>/dev/null || true
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -82,7 +84,12 @@ start_node() {  # fixture name host port flags...
     --requests-on="tcp://$(addr "$host"):$((port + 1))" "$@" \
     <"$work/$name.in" >"$work/$name.out" 2>>"$work/$name.err" &
   eval "exec {fd_$name}>$work/$name.in"
-  while ! grep -q '^ready' "$work/$name.out"; do sleep 0.01; done
+  local waited=0
+  while ! grep -q '^ready' "$work/$name.out"; do
+    sleep 0.01
+    waited=$((waited + 1))
+    ((waited < 6000)) || { echo "run_partition: $name did not start" >&2; cat "$work/$name.err" >&2; exit 1; }
+  done
 }
 addr() { [ "$1" = a ] && echo 10.200.1.1 || echo 10.200.2.2; }
 send() { local fd=fd_$1; shift; echo "$*" >&"${!fd}"; }
@@ -164,12 +171,14 @@ mkdir -p bench/results
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 out=${OUT:-bench/results/partition-$(date +%F)-$commit.txt}
 source_line=$commit
-git diff --quiet HEAD -- bus tests/integration CMakeLists.txt 2>/dev/null ||
-  source_line+=" + uncommitted changes under bus/, tests/integration/ or CMakeLists.txt"
+git diff --quiet HEAD -- bus schemas bench tests/integration CMakeLists.txt 2>/dev/null ||
+  source_line+=" + uncommitted changes under bus/, schemas/, bench/, tests/integration/ or CMakeLists.txt"
 {
   echo "reproduce: bash bench/run_partition.sh $*"
   echo "source:    $source_line"
   echo "mode=$mode rate=$rate/s; nodes: heartbeat 200 ms, dead after 3, send_stall_limit 100 ms"
+  echo "this:      ${fixtures[0]}"
+  [ ${#fixtures[@]} -gt 1 ] && echo "before:    ${fixtures[1]} (${BEFORE_SOURCE:-its source not given: BEFORE_SOURCE=<commit>})"
   for length in $lengths; do
     for ((i = 0; i < runs; i++)); do
       label=this

@@ -155,7 +155,9 @@ void Bridge::add_peer(const Peer& p) {
   std::exception_ptr error;
   query([&] {
     try {
-      if (static_peers_.insert(p.endpoint).second) listen(p);
+      if (static_peers_.insert(p.endpoint).second) {
+        if (kept_.erase(p.endpoint) == 0) listen(p);  // a kept one is listened to already
+      }
     } catch (...) {
       error = std::current_exception();
     }
@@ -195,6 +197,7 @@ void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
     if (!now.contains(it->first) && sources.erase(source) > 0 && sources.empty()) {
       if (source == kEtcdSource && heard_at(it->first)) {
         kept_.insert(it->first);  // liveness decides (check_peers, forget_peer)
+        ++counters_.members_kept;
       } else {
         drop_member(it->first);
       }
@@ -205,6 +208,7 @@ void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
 }
 
 void Bridge::drop_member(const std::string& endpoint) {
+  if (static_peers_.contains(endpoint)) return;  // given, not found: always listened to
   zmq_.unlisten(endpoint);
   // Listened to over a shared-memory link instead: not any more (the link stays, for requests,
   // but its heartbeats stop coming, and so it is declared dead like any).
@@ -221,7 +225,7 @@ void Bridge::drop_member(const std::string& endpoint) {
 
 bool Bridge::heard_at(const std::string& endpoint, uint64_t except) const {
   for (const auto& [id, p] : peers_) {
-    if (id != except && listened_endpoint(p.publish_endpoint) == endpoint) return true;
+    if (id != except && !endpoint.empty() && p.publish_endpoint == endpoint) return true;
   }
   return false;
 }
@@ -268,6 +272,7 @@ void Bridge::setup() {
   inbox_ = std::make_unique<ExternalInbox>(bus_);
   BusAccess::mark_bridge_thread(bus_);
   zmq_.start();
+  advertised_publish_ = advertised_publish(opt_, zmq_.publish_endpoint());
   if (opt_.shares_memory() && !HostIdentity::self().boot_id.empty()) {
     shm_.start(wake_fd_, zmq_.publish_endpoint());
   }

@@ -209,8 +209,13 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   void on_link_up(uint64_t link, uint64_t peer, const std::string& publish_endpoint) override;
   void on_link_down(uint64_t link, uint64_t peer, bool died, const std::string& why,
                     const Subscribers* publisher) override;
-  /// The listened-to endpoint (static or found) that names the publisher at `endpoint`, or "".
+  /// The listened-to endpoint (static, found or kept) that names the publisher at `endpoint`, or
+  /// "": for a peer on this host, whose link says what its publisher bound (a wildcard host
+  /// matches any listened-to endpoint with its port).
   std::string listened_endpoint(const std::string& endpoint) const;
+  /// `endpoint` when this node listens to a publisher there (static, found or kept), else "".
+  /// Exact: what a peer's heartbeats advertise is matched with what it is listed by.
+  std::string listening_at(const std::string& endpoint) const;
   /// What this node takes of other nodes' topics: the heartbeats, imports with subscribers, taps.
   std::vector<std::string> topic_filters() const;
 
@@ -326,6 +331,7 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   Clock::time_point next_ask_all_{};
   Clock::time_point last_work_{};
   Clock::time_point next_full_pass_{};  // while spinning on shared memory (see wait_for_work)
+  std::string advertised_publish_;      // what our heartbeats say (see advertised_publish())
   bool awake_ = false;  // traffic flows: poll without blocking, keep the inbox awake
   bool armed_ = false;  // the inbox's producers write its eventfd (see take_local_input)
   // Publishers found by membership sources (endpoint -> the sources that list it), and the

@@ -58,7 +58,16 @@ std::string Bridge::listened_endpoint(const std::string& endpoint) const {
   for (const auto& [e, sources] : found_) {
     if (match(e)) return e;
   }
+  for (const auto& e : kept_) {
+    if (match(e)) return e;
+  }
   return "";
+}
+
+std::string Bridge::listening_at(const std::string& endpoint) const {
+  const bool listened =
+      static_peers_.contains(endpoint) || found_.contains(endpoint) || kept_.contains(endpoint);
+  return listened ? endpoint : "";
 }
 
 std::vector<std::string> Bridge::topic_filters() const {

@@ -147,7 +147,7 @@ std::string Bridge::heartbeat_payload(bool leaving, const std::vector<uint64_t>&
   hb.setLeaving(leaving);
   hb.setBatches(true);
   hb.setPublicKey(opt_.curve_keys().public_key);
-  hb.setPublishEndpoint(zmq_.publish_endpoint());
+  hb.setPublishEndpoint(advertised_publish_);
   if (shm_.on()) {
     const HostIdentity& host = HostIdentity::self();
     auto shm = hb.initShm();
@@ -514,15 +514,10 @@ void Bridge::check_peers() {
     // attempt. Our request socket to it goes with forget_peer(); its publisher, at its end,
     // sees our new connection and our subscriptions again.
     if (p.transport == TransportKind::kZmq && !linked_.contains(id)) {
-      std::string e = listened_endpoint(p.publish_endpoint);
+      std::string e = listening_at(p.publish_endpoint);
       // Not a kept one (forget_peer() drops it), nor one a node that took its place speaks on.
       if (!e.empty() && !kept_.contains(e) && !heard_at(e, id)) {
-        try {
-          zmq_.relisten(Peer{e, p.public_key});
-          ++counters_.reconnects;
-        } catch (const std::exception& ex) {  // listened to before: not expected
-          log_once(absl::StrCat("relisten:", e), ex.what());
-        }
+        if (zmq_.relisten(e)) ++counters_.reconnects;
       }
     }
     forget_peer(id,
@@ -552,7 +547,7 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why, Forget how) {
   p = peers_.find(id);  // a finished call may have changed the table
   if (p == nullptr) return;
   std::vector<CallBatch> unsent = std::move(p->calls);
-  const std::string endpoint = listened_endpoint(p->publish_endpoint);
+  const std::string endpoint = listening_at(p->publish_endpoint);
   zmq_.close_route(id);
   peers_.erase(id);
   // Kept after etcd dropped it because it was alive: no longer (unless a node that took its

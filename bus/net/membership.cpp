@@ -237,17 +237,8 @@ struct Membership::Impl {
     const auto dead =
         std::chrono::duration_cast<std::chrono::seconds>(opt.dead_after_time() + 999ms);
     ttl_seconds = std::max<int64_t>(kMinLeaseSeconds, dead.count());
-    publish = opt.advertise_publish().empty() ? publish_endpoint : opt.advertise_publish();
+    publish = advertised_publish(opt, publish_endpoint);
     split_tcp(publish_endpoint, bound_host, bound_port);
-    std::string host, port;
-    if (split_tcp(publish, host, port) && wildcard(host)) {
-      std::string adv_host, adv_port;
-      std::string to = split_tcp(opt.advertise(), adv_host, adv_port) && !wildcard(adv_host)
-                           ? adv_host
-                           : primary_address();
-      publish = absl::StrCat("tcp://", to.find(':') != std::string::npos ? "[" + to + "]" : to, ":",
-                             port);
-    }
   }
 
   void log(const std::string& what) {
@@ -637,6 +628,20 @@ struct Membership::Impl {
     asio::co_spawn(io, dns_loop(p, host, port), asio::detached);
   }
 };
+
+std::string advertised_publish(const NodeOptions& opt, const std::string& bound) {
+  std::string publish = opt.advertise_publish().empty() ? bound : opt.advertise_publish();
+  std::string host, port;
+  if (split_tcp(publish, host, port) && wildcard(host)) {
+    std::string adv_host, adv_port;
+    std::string to = split_tcp(opt.advertise(), adv_host, adv_port) && !wildcard(adv_host)
+                         ? adv_host
+                         : primary_address();
+    publish =
+        absl::StrCat("tcp://", to.find(':') != std::string::npos ? "[" + to + "]" : to, ":", port);
+  }
+  return publish;
+}
 
 Membership::Membership(Bridge& bridge, const NodeOptions& options,
                        const std::string& publish_endpoint, MembershipCounters& counters)

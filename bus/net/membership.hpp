@@ -24,10 +24,15 @@ struct MemberRecord {
   std::vector<std::string> exports, serves, imports;
 };
 
-/// The membership's counters, kept by the bridge (read without waiting for the membership).
 /// The source name etcd's members are found under (Bridge::found).
 inline constexpr char kEtcdSource[] = "etcd";
 
+/// The publish endpoint others should use for this node: advertise_publish() when set, else what
+/// the publisher bound, a wildcard host replaced by advertise()'s host or this host's first
+/// non-loopback IPv4 address. What etcd registers and heartbeats carry.
+std::string advertised_publish(const NodeOptions& options, const std::string& bound);
+
+/// The membership's counters, kept by the bridge (read without waiting for the membership).
 struct MembershipCounters {
   std::atomic<uint64_t> etcd_registrations{0}, etcd_errors{0}, dns_errors{0};
   void add_to(NodeStats& s) const {

@@ -105,6 +105,10 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
     } else if (key == "subscriber_timeout_ms") {
       if (auto s = number(n); !s.ok()) return s;
       o.subscriber_timeout(std::chrono::milliseconds(n));
+    } else if (key == "connect_timeout_ms") {
+      if (auto s = number(n); !s.ok()) return s;
+      if (n > 3'600'000) return fail("connect_timeout_ms needs 0..3600000");
+      o.connect_timeout(std::chrono::milliseconds(n));
     } else if (key == "message_limit") {
       std::vector<std::string> parts = absl::StrSplit(value, ' ', absl::SkipWhitespace());
       uint64_t bytes = 0;
@@ -149,7 +153,8 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
           "resolve_every_ms, etcd, etcd_prefix, etcd_register, etcd_related_only, heartbeat_ms, "
           "dead_after, "
           "max_message_bytes, traversal_limit_words, nesting_limit, curve_public, curve_secret, "
-          "allow, send_stall_limit_ms, subscription_queue, subscriber_timeout_ms, message_limit, "
+          "allow, send_stall_limit_ms, subscription_queue, subscriber_timeout_ms, "
+          "connect_timeout_ms, message_limit, "
           "transport, "
           "shm_ring_bytes, shm_heap_limit, shm_spin_us, shm_group)"));
     }

@@ -41,7 +41,7 @@ struct PeerState {
   uint64_t id = 0;
   std::string name;
   std::string request_endpoint;
-  std::string publish_endpoint;  // as its heartbeats say (see Bridge::listened_endpoint)
+  std::string publish_endpoint;  // as its heartbeats say: where others should reach it
   std::string public_key;
   std::chrono::milliseconds interval{0};
   Clock::time_point last_seen;  // when a frame of any kind last came from it

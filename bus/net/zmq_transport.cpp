@@ -75,21 +75,11 @@ bool recv(zmq::socket_t& s, Parts& parts, std::size_t max_parts) {
   return true;
 }
 
-namespace {
-/// How long one TCP connect may take before ZeroMQ gives up on it and tries again (after its
-/// reconnect interval, 100 ms). Without it a connect made while the network is partitioned
-/// waits on the kernel's SYN retries (1, 2, 4 ... s apart): the first attempt after the
-/// network returns would come seconds late. Long enough for a connect across a slow WAN.
-int connect_timeout_ms(const NodeOptions& opt) {
-  return static_cast<int>(std::max<long>(opt.heartbeat().count(), 500));
-}
-}  // namespace
-
 std::unique_ptr<zmq::socket_t> make_dealer(zmq::context_t& ctx, const NodeOptions& opt,
                                            const std::string& server_key) {
   auto d = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::dealer);
   d->set(zmq::sockopt::linger, 0);
-  d->set(zmq::sockopt::connect_timeout, connect_timeout_ms(opt));
+  d->set(zmq::sockopt::connect_timeout, static_cast<int>(opt.connect_timeout().count()));
   d->set(zmq::sockopt::sndhwm, kPipeHwm);
   d->set(zmq::sockopt::rcvhwm, kPipeHwm);
   d->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(opt.largest_message()) * 4 + (1 << 20));
@@ -260,7 +250,8 @@ void ZmqTransport::start() {
 
   sub_.emplace(ctx_, zmq::socket_type::sub);
   sub_->set(zmq::sockopt::linger, 0);
-  sub_->set(zmq::sockopt::connect_timeout, connect_timeout_ms(opt_));
+  // See NodeOptions::connect_timeout: what brings a peer back soon after a partition.
+  sub_->set(zmq::sockopt::connect_timeout, static_cast<int>(opt_.connect_timeout().count()));
   // Per publisher: a reader that falls behind works through a short queue (then the socket
   // buffers, then the publisher's queue for it), not seconds of stale frames.
   sub_->set(zmq::sockopt::rcvhwm, opt_.subscription_queue());
@@ -311,9 +302,11 @@ void ZmqTransport::listen(const Peer& p) {
     throw std::invalid_argument(
         absl::StrCat("bus.net: bad peer endpoint ", p.endpoint, ": ", e.what()));
   }
+  listened_[p.endpoint] = p.public_key;
 }
 
 void ZmqTransport::unlisten(const std::string& endpoint) {
+  listened_.erase(endpoint);
   try {
     sub_->disconnect(endpoint);
   } catch (const zmq::error_t&) {
@@ -322,12 +315,17 @@ void ZmqTransport::unlisten(const std::string& endpoint) {
   touched(sub_->handle());
 }
 
-void ZmqTransport::relisten(const Peer& p) {
+bool ZmqTransport::relisten(const std::string& endpoint) {
+  auto it = listened_.find(endpoint);
+  if (it == listened_.end()) return false;
+  const Peer p{endpoint, it->second};
   // zmq_disconnect ends the session, its pipe and its engine together: the new connection gets
   // a session of its own. (A reconnect inside one session after the engine failed while the
-  // pipe was full is what aborts libzmq 4.3.4: see subscriber_timeout.)
-  unlisten(p.endpoint);
+  // pipe was full is what aborts libzmq 4.3.4: see subscriber_timeout.) listen() cannot refuse
+  // what it took before: same endpoint, same key.
+  unlisten(endpoint);
   listen(p);
+  return true;
 }
 
 void ZmqTransport::filter(const std::string& prefix, bool on) {

@@ -77,9 +77,10 @@ class ZmqTransport {
   void listen(const Peer& peer);
   /// Disconnects the subscriber from `endpoint` (nothing when it was not connected).
   void unlisten(const std::string& endpoint);
-  /// A new connection to `peer`'s publisher in place of the one there is: what the old one
-  /// still held unread is dropped (counted as gaps by the sequence numbers).
-  void relisten(const Peer& peer);
+  /// A new connection to the publisher listened to at `endpoint` (with the key it was listened
+  /// with) in place of the one there is: what the old one still held unread is dropped (counted
+  /// as gaps by the sequence numbers). False (and the old one kept) when it is not listened to.
+  bool relisten(const std::string& endpoint);
   /// Takes (or stops taking) topic messages whose channel starts with `prefix`.
   void filter(const std::string& prefix, bool on);
   /// True while the subscriber holds frames not read yet (this node is behind).
@@ -155,6 +156,7 @@ class ZmqTransport {
   // Reply frames the ROUTER did not take yet, with the replies each holds.
   std::deque<std::pair<Parts, std::size_t>> reply_backlog_;
   absl::flat_hash_map<std::string, std::size_t> subscribers_;  // remote ones, through XPUB
+  absl::flat_hash_map<std::string, std::string> listened_;     // endpoint -> its CURVE key
   std::vector<void*> touched_;  // sockets to ask for their events before the next poll
   bool ask_all_ = false;
   Parts parts_;

@@ -381,6 +381,8 @@ int main(int argc, char** argv) {
     } else if (cmd == "release") {
       gate.open();
       say("released");
+    } else if ((cmd == "publish" || cmd == "publish-at") && pacer.joinable()) {
+      say("error pacing=1");  // one publisher at a time: `pace-stop` first
     } else if (cmd == "publish") {
       long n = arg(1, 1);
       uint64_t refused = 0;
@@ -402,6 +404,7 @@ int main(int argc, char** argv) {
       // so that the test can do things to the network meanwhile.
       const long rate = std::max(1L, std::stol(w[1]));
       pacing = true;
+      paced_refused = 0;
       pacer = std::thread([&, rate] {
         auto start = std::chrono::steady_clock::now();
         for (long i = 0; pacing.load(); ++i) {
@@ -470,6 +473,7 @@ int main(int argc, char** argv) {
                       " peers_lost=", st.peers_lost, " peers_returned=", st.peers_returned,
                       " reconnects=", st.reconnects, " peers=", st.peers.size(),
                       " members_found=", st.members_found, " members_dropped=", st.members_dropped,
+                      " members_kept=", st.members_kept,
                       " etcd_registrations=", st.etcd_registrations,
                       " etcd_errors=", st.etcd_errors, " dns_errors=", st.dns_errors,
                       " oversized=", st.oversized);

@@ -79,7 +79,9 @@ struct ThreeNodes {
   /// Stops publishing; then every reading is received or counted missing, at both. Returns how
   /// many were published.
   uint64_t stop() {
-    uint64_t total = pub.ask("pace-stop").num("total");
+    Answer stopped = pub.ask("pace-stop");
+    EXPECT_EQ(stopped.num("refused"), 0u) << stopped.line;  // every reading was published
+    uint64_t total = stopped.num("total");
     auto settled = [&](NodeProcess& n) {
       return bus_test::eventually(
           [&] {
@@ -131,7 +133,7 @@ TEST(Partition, APartitionedSubscriberCostsOnlyItselfAndComesBack) {
   CREATE_HOSTS(hosts);
   ThreeNodes n(hosts);
   ASSERT_TRUE(n.ready());
-  n.start(2000);
+  ASSERT_NO_FATAL_FAILURE(n.start(2000));
 
   ASSERT_TRUE(hosts.partition(true, true));
   // Each side declares the other dead; the healthy subscriber meanwhile takes readings.
@@ -151,8 +153,10 @@ TEST(Partition, APartitionedSubscriberCostsOnlyItselfAndComesBack) {
   EXPECT_GE(f.num("reconnects"), 1u) << f.line;
   EXPECT_EQ(p.num("peers_lost"), 1u) << p.line;
   EXPECT_EQ(p.num("peers_returned"), 1u) << p.line;
-  // The publisher waited for far's full queue once, then went on without it.
-  EXPECT_LE(during.num("publish_cuts"), 1u) << during.line;
+  // The publisher waited for far's full queue once at most, then went on without it: the
+  // healthy subscriber was held back no longer than one send_stall_limit.
+  EXPECT_LE(during.num("publish_stalls"), 1u) << during.line;
+  EXPECT_LE(p.num("publish_stalls"), 1u) << p.line;
   EXPECT_LE(p.num("publish_cuts"), 1u) << p.line;
 }
 
@@ -160,7 +164,7 @@ TEST(Partition, AOneWayPartitionIsOneDeathAndOneReturn) {
   CREATE_HOSTS(hosts);
   ThreeNodes n(hosts);
   ASSERT_TRUE(n.ready());
-  n.start(2000);
+  ASSERT_NO_FATAL_FAILURE(n.start(2000));
 
   // far no longer hears pub; pub still hears far (but TCP needs both ways: what far sends
   // stops too once nothing of it is acknowledged).
@@ -177,6 +181,7 @@ TEST(Partition, AOneWayPartitionIsOneDeathAndOneReturn) {
   // pub may or may not have heard far's last heartbeats for long enough: once at most.
   EXPECT_LE(p.num("peers_lost"), 1u) << p.line;
   EXPECT_EQ(p.num("peers_returned"), p.num("peers_lost")) << p.line;
+  EXPECT_LE(p.num("publish_stalls"), 1u) << p.line;
   EXPECT_LE(p.num("publish_cuts"), 1u) << p.line;
 }
 
@@ -185,7 +190,7 @@ TEST(Partition, ASubscriberBehindASlowLinkIsASlowSubscriber) {
   // 1 KiB readings at 2,000 a second: 16 Mbit/s into a 1 Mbit/s link.
   ThreeNodes n(hosts, {"--reading-bytes=1024"});
   ASSERT_TRUE(n.ready());
-  n.start(2000);
+  ASSERT_NO_FATAL_FAILURE(n.start(2000));
 
   if (!hosts.slow_to_b("1mbit")) GTEST_SKIP() << "this kernel has no tbf queueing discipline (tc)";
   // Held, then cut, like any slow subscriber; the healthy one goes on meanwhile.
@@ -295,6 +300,8 @@ TEST_F(PartitionedMembership, ANodeCutOffFromEtcdButNotFromItsPeersKeepsThemAndT
   // Its lease runs out and etcd deletes its key; b hears a all the while, and keeps it.
   EXPECT_TRUE(bus_test::eventually([&] { return etcd->keys(prefix).size() == 1; }, 60s));
   EXPECT_TRUE(bus_test::eventually([&] { return a->report().num("etcd_errors") >= 1; }, 60s));
+  EXPECT_TRUE(bus_test::eventually([&] { return b->report().num("members_kept") == 1; }, 60s))
+      << b->report().line;
   EXPECT_TRUE(receives(*b, 2000));
   ASSERT_TRUE(hosts.blackhole(hosts.a(), Hosts::service(), false));
   // Back: a registers again.
@@ -327,10 +334,27 @@ TEST_F(PartitionedMembership, NodesCutOffFromEachOtherButNotFromEtcdAreDroppedBy
 
   Answer ra = a->report(), rb = b->report();
   EXPECT_GT(rb.num("readings.gaps"), 0u) << rb.line;
-  EXPECT_EQ(ra.num("missed_by.b"), rb.num("readings.gaps")) << ra.line;
+  // a learns it from b's next heartbeats.
+  EXPECT_TRUE(bus_test::eventually(
+      [&] { return a->report().num("missed_by.b") == b->report().num("readings.gaps"); }, 30s))
+      << a->report().line;
   for (const Answer& r : {ra, rb}) {
     EXPECT_EQ(r.num("peers_lost"), 1u) << r.line;
     EXPECT_EQ(r.num("peers_returned"), 1u) << r.line;
     EXPECT_EQ(r.num("members_dropped"), 0u) << r.line;
   }
+}
+
+TEST_F(PartitionedMembership, AKeptNodeThatDiesIsDroppedByLiveness) {
+  ASSERT_TRUE(hosts.blackhole(hosts.a(), Hosts::service(), true));
+  EXPECT_TRUE(bus_test::eventually([&] { return etcd->keys(prefix).size() == 1; }, 60s));
+  EXPECT_TRUE(bus_test::eventually([&] { return b->report().num("members_kept") == 1; }, 60s))
+      << b->report().line;
+  // Kept because it was heard; once it is silent, liveness drops it, and b stops listening.
+  a->kill();
+  EXPECT_EQ(b->ask("wait-peer-count 0").num("n"), 0u);
+  Answer rb = b->report();
+  EXPECT_EQ(rb.num("peers_lost"), 1u) << rb.line;
+  EXPECT_EQ(rb.num("members_dropped"), 1u) << rb.line;
+  EXPECT_EQ(rb.num("reconnects"), 0u) << rb.line;  // a kept one is dropped, not re-connected
 }

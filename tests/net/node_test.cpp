@@ -940,6 +940,16 @@ TEST(NodeOptions, SlowSubscriberSettingsComeFromTheConfigToo) {
   EXPECT_FALSE(NodeOptions::parse("publish = tcp://*:1\nsubscription_queue = 0\n").ok());
 }
 
+TEST(NodeOptions, ConnectTimeoutComesFromTheConfigToo) {
+  EXPECT_EQ(NodeOptions().connect_timeout(), 1000ms);
+  auto o = NodeOptions::parse("publish = tcp://*:1\nconnect_timeout_ms = 3000\n");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->connect_timeout(), 3000ms);
+  auto bad = NodeOptions::parse("publish = tcp://*:1\nconnect_timeout_ms = soon\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("connect_timeout_ms"), std::string::npos) << bad.status();
+}
+
 TEST(NodeOptions, KeysKeepTheirHashSignsAndCommentsStillEndLines) {
   // Z85 (CURVE keys in text) has '#' in its alphabet: only a '#' after a blank starts a comment.
   std::string pub = "ojCYLeL7vfLPw]#d.wgS9KEt4c>QfqMrrOIpn?eJ";

@@ -172,6 +172,15 @@ class NodeOptions {
     subscriber_timeout_ = d;
     return *this;
   }
+  /// How long one TCP connect to a peer may take before it is given up and tried again (100 ms
+  /// later). Short, so that the first attempt after a network partition heals gets through
+  /// instead of waiting on the kernel's SYN retries (1, 2, 4 ... s apart); long enough for the
+  /// slowest network between the nodes (a round trip well under it). Default 1 s; 0: the
+  /// kernel's own (minutes).
+  NodeOptions& connect_timeout(std::chrono::milliseconds d) {
+    connect_timeout_ = d;
+    return *this;
+  }
 
   /// How peers are reached. kAuto: a peer on this host (same kernel boot, IPC and network
   /// namespaces) is linked over shared memory when both nodes take links and run as one user (or
@@ -225,6 +234,7 @@ class NodeOptions {
   ///   message_limit = <channel> <bytes>   (one line per channel)
   ///   curve_public = ...              curve_secret = ...          allow = <key> (one per line)
   ///   send_stall_limit_ms = 100       subscription_queue = 64       subscriber_timeout_ms = 0
+  ///   connect_timeout_ms = 1000
   ///   transport = auto|zmq|shm        shm_ring_bytes = 262144       shm_heap_limit = 536870912
   ///   shm_spin_us = 50                shm_group = <group name or gid>
   /// InvalidArgument names the line and what is wrong with it.
@@ -272,6 +282,7 @@ class NodeOptions {
   std::chrono::milliseconds send_stall_limit() const { return stall_limit_; }
   int subscription_queue() const { return subscription_queue_; }
   std::chrono::milliseconds subscriber_timeout() const { return subscriber_timeout_; }
+  std::chrono::milliseconds connect_timeout() const { return connect_timeout_; }
   Transport transport() const { return transport_; }
   /// Whether this node takes shared-memory links (not with CURVE, nor when told kZeroMq).
   bool shares_memory() const { return transport_ != Transport::kZeroMq && !secure(); }
@@ -303,6 +314,7 @@ class NodeOptions {
   std::chrono::milliseconds stall_limit_{100};
   int subscription_queue_ = 64;
   std::chrono::milliseconds subscriber_timeout_{0};
+  std::chrono::milliseconds connect_timeout_{1000};
   Transport transport_ = Transport::kAuto;
   std::size_t shm_ring_bytes_ = 256 * 1024;
   std::size_t shm_heap_limit_ = std::size_t{512} << 20;

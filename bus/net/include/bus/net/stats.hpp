@@ -83,6 +83,7 @@ struct NodeStats {
   // Membership (NodeOptions::peer by host name, NodeOptions::etcd).
   uint64_t members_found = 0;
   uint64_t members_dropped = 0;
+  uint64_t members_kept = 0;  // etcd dropped them while they were heard: kept until they die
   uint64_t etcd_registrations = 0;
   uint64_t etcd_errors = 0;
   uint64_t dns_errors = 0;
@@ -142,6 +143,10 @@ inline constexpr NodeFigure kNodeFigures[] = {
      "Publishers no longer listened to: gone from etcd, or from DNS for "
      "heartbeat x dead_after.",
      &NodeStats::members_dropped},
+    {"members_kept",
+     "Publishers etcd dropped while their nodes were heard: listened to until they are declared "
+     "dead.",
+     &NodeStats::members_kept},
     {"etcd_registrations", "Times this node registered in etcd (again after a lost lease).",
      &NodeStats::etcd_registrations},
     {"etcd_errors", "Failed etcd calls and watch streams, and registrations that did not decode.",
