@@ -504,9 +504,11 @@ void Bridge::check_peers() {
   }
   for (uint64_t node : stuck) abandon_handover(node, "no heartbeat naming this node came");
   for (uint64_t id : dead) {
+    const PeerState* found = peers_.find(id);
+    if (found == nullptr) continue;  // forgotten meanwhile (a call's callback, say)
+    const PeerState& p = *found;
     ++counters_.peers_lost;
     peers_.declared_dead(id);
-    const PeerState& p = *peers_.find(id);
     std::string name = p.name;
     // Its connection to us is re-made rather than left to TCP: a connection that crossed a
     // network partition comes back only when TCP retransmits again, seconds after the network
