@@ -342,6 +342,13 @@ int main(int argc, char** argv) {
     if (!st.ok()) ++refused_total;
     return st.ok();
   };
+  // Before the i-th reading of a stream at `rate` a second from `start`: sleeps until it is due,
+  // once a millisecond's worth (a late stream catches up).
+  auto pace_to = [](std::chrono::steady_clock::time_point start, long i, long rate) {
+    if (i % std::max(1L, rate / 1000) == 0) {
+      std::this_thread::sleep_until(start + std::chrono::microseconds(i * 1'000'000 / rate));
+    }
+  };
   std::thread pacer;  // `pace`: the only publisher while it runs
   std::atomic<bool> pacing{false};
   uint64_t paced_refused = 0;
@@ -394,8 +401,7 @@ int main(int argc, char** argv) {
       uint64_t refused = 0;
       auto start = std::chrono::steady_clock::now();
       for (long i = 0; i < n; ++i) {
-        auto due = start + std::chrono::microseconds(i * 1'000'000 / rate);
-        if (i % std::max(1L, rate / 1000) == 0) std::this_thread::sleep_until(due);
+        pace_to(start, i, rate);
         refused += publish_one() ? 0 : 1;
       }
       say(absl::StrCat("published n=", n, " refused=", refused, " total=", next_seq));
@@ -408,9 +414,7 @@ int main(int argc, char** argv) {
       pacer = std::thread([&, rate] {
         auto start = std::chrono::steady_clock::now();
         for (long i = 0; pacing.load(); ++i) {
-          if (i % std::max(1L, rate / 1000) == 0) {
-            std::this_thread::sleep_until(start + std::chrono::microseconds(i * 1'000'000 / rate));
-          }
+          pace_to(start, i, rate);
           paced_refused += publish_one() ? 0 : 1;
         }
       });

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -357,10 +358,11 @@ std::optional<std::string> schema_of(const std::string& type) {
 std::vector<uint8_t> capnp_encode(const Stated& m) {
   auto schema = schema_of(m.type);
   if (!schema) throw std::runtime_error("no schema here for " + m.type);
-  char path[] = "/tmp/bus-wire-doc-XXXXXX";
-  int fd = ::mkstemp(path);
-  if (fd < 0) throw std::runtime_error("mkstemp failed");
-  ::close(fd);
+  static int made = 0;
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("bus-wire-doc-" + std::to_string(::getpid()) + "-" + std::to_string(made++) + ".txt"))
+          .string();
   std::ofstream(path) << m.values << "\n";
   std::string command = "capnp encode '" + *schema + "' " + m.type + " < " + path;
   std::vector<uint8_t> out;
@@ -371,7 +373,7 @@ std::vector<uint8_t> capnp_encode(const Stated& m) {
       out.insert(out.end(), buf, buf + n);
   }
   const int status = p != nullptr ? ::pclose(p) : -1;
-  std::remove(path);
+  std::filesystem::remove(path);
   if (status != 0) throw std::runtime_error("'" + command + "' failed (is capnp installed?)");
   return out;
 }
