@@ -164,7 +164,7 @@ Batch::Batch(Bus& bus) : core_(*bus.core_), producer_(core_.producer()) {
   accepted_ = core_.enter(producer_);
   if (accepted_ && producer_.batch_depth++ == 0) {
     outer_gate_ = producer_.gate;
-    producer_.gate = detail::Producer::kBatchGate;
+    producer_.gate = detail::Producer::kOpen;
   }
 }
 

@@ -16,10 +16,7 @@
 namespace bus::detail {
 
 Inbox::Inbox(Core& core, uint32_t index, Kind kind)
-    : core_(core),
-      index_(index),
-      kind_(kind),
-      max_pending_(std::min(core.options().max_pending_requests(), kMaxPending)) {
+    : core_(core), index_(index), kind_(kind), pending_(core.options().max_pending_requests()) {
   if (kind_ == Kind::kExternal) {
     sleeping_.store(1, std::memory_order_relaxed);  // the loop is in its poll until drain()
     eventfd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -237,45 +234,19 @@ bool Inbox::timer_due() const {
   return next && reached(*next);
 }
 
-bool Inbox::see_timer(uint64_t id) {
-  if (timer_seen(id)) return false;
-  timers_seen_above_.insert(id);
-  while (timers_seen_above_.erase(timers_seen_ + 1) != 0) ++timers_seen_;
-  return true;
-}
-
 bool Inbox::add_timer(uint64_t id, Clock::time_point at, Clock::duration period, TimerFn fn,
                       bool essential) {
-  if (see_timer(id) && cancelled_unseen_.erase(id) != 0) return false;  // cancelled already
+  if (!timers_.admit(id)) return false;  // cancelled already
   State s = core_.state();
   if (s == State::kStopped || (s == State::kDraining && !essential)) return false;
-  timers_.emplace(std::make_pair(at, id), Timer{std::move(fn), period, essential});
-  timer_at_.emplace(id, at);
-  return true;
-}
-
-bool Inbox::cancel_timer(uint64_t id) {
-  if (id == firing_) {
-    firing_cancelled_ = true;
-    return true;
-  }
-  auto it = timer_at_.find(id);
-  if (it == timer_at_.end()) {
-    if (timer_seen(id)) return false;  // fired (once) or cancelled before
-    cancelled_unseen_.insert(id);
-    return true;
-  }
-  timers_.erase(std::make_pair(it->second, id));
-  timer_at_.erase(it);
+  timers_.insert(id, at, period, std::move(fn), essential);
   return true;
 }
 
 std::optional<Clock::time_point> Inbox::next_timer() const {
-  std::optional<Clock::time_point> next;
-  if (!timers_.empty()) next = timers_.begin()->first.first;
-  if (!deadlines_.empty() && (!next || deadlines_.top().first < *next)) {
-    next = deadlines_.top().first;
-  }
+  std::optional<Clock::time_point> next = timers_.next();
+  std::optional<Clock::time_point> deadline = pending_.next_deadline();
+  if (deadline && (!next || *deadline < *next)) next = deadline;
   return next;
 }
 
@@ -285,7 +256,7 @@ std::size_t Inbox::run_due_timers() {
   std::size_t n = 0;
   auto now = Clock::now();
   n += expire_due(now);
-  while (!timers_.empty() && timers_.begin()->first.first <= now) {
+  while (timers_.due(now)) {
     // stop() flips to kStopped and then re-reads ticks_started: either it sees this increment
     // or we see kStopped (both seq_cst).
     ticks_started.fetch_add(1, std::memory_order_seq_cst);
@@ -293,23 +264,17 @@ std::size_t Inbox::run_due_timers() {
       ticks_done.fetch_add(1, std::memory_order_seq_cst);
       break;
     }
-    auto node = timers_.extract(timers_.begin());
-    uint64_t id = node.key().second;
-    timer_at_.erase(id);
-    Timer& t = node.mapped();
-    firing_ = id;
-    firing_cancelled_ = false;
+    Timers::Fired t = timers_.fire_first();
     try {
       t.fn();
     } catch (...) {
       core_.log_once(UINT32_MAX, "timer",
                      "a timer callback threw: " + describe_exception(std::current_exception()));
     }
-    firing_ = 0;
-    if (t.period > Clock::duration::zero() && !firing_cancelled_) {
-      auto next = node.key().first + t.period;
+    if (timers_.done_firing() && t.period > Clock::duration::zero()) {
+      auto next = t.at + t.period;
       if (next < now) next = now + t.period;  // fell behind: skip, do not burst
-      (void)add_timer(id, next, t.period, std::move(t.fn), t.essential);
+      (void)add_timer(t.id, next, t.period, std::move(t.fn), t.essential);
     }
     ticks_done.fetch_add(1, std::memory_order_seq_cst);
     ++n;
@@ -317,79 +282,16 @@ std::size_t Inbox::run_due_timers() {
   return n;
 }
 
-void Inbox::drop_user_timers() {
-  for (auto it = timers_.begin(); it != timers_.end();) {
-    if (!it->second.essential) {
-      timer_at_.erase(it->first.second);
-      it = timers_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-uint64_t Inbox::reserve_pending() {
-  uint32_t slot;
-  if (!free_pending_.empty()) {
-    slot = free_pending_.back();
-    free_pending_.pop_back();
-  } else if (pending_.size() >= max_pending_) {
-    return 0;  // every slot there may be is taken
-  } else {
-    slot = static_cast<uint32_t>(pending_.size());
-    pending_.emplace_back();
-  }
-  uint64_t corr = (++last_correlation_ << kSlotBits) | slot;
-  if (corr == 0) corr = (++last_correlation_ << kSlotBits) | slot;  // 0 marks a free slot
-  pending_[slot].corr = corr;
-  return corr;
-}
-
-Inbox::CompleteFn Inbox::take_pending(Pending& slot) {
-  CompleteFn fn = std::move(slot.fn);
-  slot.fn = nullptr;
-  slot.corr = 0;
-  free_pending_.push_back(static_cast<uint32_t>(&slot - pending_.data()));
-  return fn;
-}
-
-void Inbox::release_pending(uint64_t corr) {
-  if (Pending* slot = find_pending(corr)) (void)take_pending(*slot);
-}
-
-void Inbox::add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline,
-                        CompleteFn fn) {
-  Pending* slot = find_pending(corr);
-  assert(slot != nullptr && !slot->fn);
-  slot->channel = channel;
-  slot->fn = std::move(fn);
-  deadlines_.push(deadline, corr);
-  if (deadlines_.size() > 2 * pending_count() + 64) {
-    // Mostly answered entries: keep the pending ones' (answers out of deadline order leave
-    // entries behind the first; this bounds them to about the number pending).
-    deadlines_.retain([this](uint64_t c) { return find_pending(c) != nullptr; });
-  }
-}
-
-void Inbox::pop_answered_deadlines() {
-  while (!deadlines_.empty() && find_pending(deadlines_.top().second) == nullptr) deadlines_.pop();
-}
-
 std::size_t Inbox::expire_due(Clock::time_point now) {
   std::size_t n = 0;
-  while (!deadlines_.empty() && deadlines_.top().first <= now) {
-    uint64_t corr = deadlines_.top().second;
-    deadlines_.pop();
-    Pending* slot = find_pending(corr);
-    if (slot == nullptr) continue;  // answered
+  while (uint64_t corr = pending_.next_expired(now)) {
     // Counted like a timer tick (see run_due_timers()).
     ticks_started.fetch_add(1, std::memory_order_seq_cst);
     if (core_.state() == State::kStopped) {
       ticks_done.fetch_add(1, std::memory_order_seq_cst);
       break;  // cancel_all_pending() answers it
     }
-    uint32_t channel = slot->channel;
-    CompleteFn fn = take_pending(*slot);
+    auto [channel, fn] = pending_.take(corr);
     try {
       fn(absl::DeadlineExceededError(absl::StrCat(
              "bus: no reply from '", channel_info(channel).name, "' before the deadline")),
@@ -401,41 +303,29 @@ std::size_t Inbox::expire_due(Clock::time_point now) {
     ticks_done.fetch_add(1, std::memory_order_seq_cst);
     ++n;
   }
-  pop_answered_deadlines();  // so next_timer() names a pending request's deadline
+  pending_.forget_answered();  // so next_timer() names a pending request's deadline
   return n;
 }
 
 void Inbox::complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply,
                      bool by_handler) {
-  Pending* slot = find_pending(corr);
-  // A reply whose slot holds another request (same slot, later sequence) is late; so is one
-  // whose channel differs (it cannot be this request's reply type). (A slot reserved but not
-  // filled yet cannot have a reply: its request is being sent by this very thread.)
-  if (slot == nullptr || slot->channel != channel || !slot->fn) [[unlikely]] {
+  CompleteFn fn = pending_.take_answered(corr, channel);
+  if (!fn) [[unlikely]] {
     if (by_handler) counters.add(channel, kLateReplies);
     return;
   }
-  CompleteFn fn = take_pending(*slot);
-  if (!deadlines_.empty() && deadlines_.top().second == corr) pop_answered_deadlines();
   fn(std::move(status), reply);
 }
 
 void Inbox::cancel_all_pending(const absl::Status& why) {
   // A callback may make another request (refused once the bus stops, but an external inbox
-  // closes while the bus runs): sweep again until a pass finds none.
-  for (bool found = true; found;) {
-    found = false;
-    for (std::size_t i = 0; i < pending_.size(); ++i) {
-      if (!pending_[i].fn) continue;  // free, or reserved by a request being sent
-      found = true;
-      CompleteFn fn = take_pending(pending_[i]);
-      try {
-        fn(why, nullptr);
-      } catch (...) {
-      }
+  // closes while the bus runs): cancel_all() sweeps again until a pass finds none.
+  pending_.cancel_all([&](CompleteFn fn) {
+    try {
+      fn(why, nullptr);
+    } catch (...) {
     }
-  }
-  deadlines_.clear();
+  });
 }
 
 }  // namespace bus::detail

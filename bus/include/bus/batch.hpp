@@ -24,7 +24,7 @@ class Batch {
   detail::Core& core_;
   detail::Producer& producer_;
   bool accepted_;
-  detail::Producer::Gate outer_gate_ = detail::Producer::kPlainGate;  // restored at the end
+  detail::Producer::Gate outer_gate_ = detail::Producer::kPerSend;  // restored at the end
 };
 
 }  // namespace bus

@@ -181,50 +181,10 @@ class Bus {
   unsigned place(Placement where);
   template <class F>
   absl::Status post_to(detail::Inbox& inbox, F&& fn);
-  /// publish() and Publisher::publish() through the run `route` holds (its lease), while the
-  /// topic's subscribers are those of the route: true when the message went into the run
-  /// (`msg` is untouched otherwise). With `kChannel`, the route must also be `channel`'s (a
-  /// slot of the thread's table, which channels share).
-  template <class T, bool kChannel, class U>
-  [[gnu::always_inline]] static inline bool publish_leased(detail::Producer::Route& route,
-                                                           uint32_t channel, U&& msg);
-  /// publish() and Publisher::publish() when the lease did not take the message: enters (a
-  /// plain thread outside a Batch), tries `route` when `routed`, else or when that fails calls
-  /// `slow(msg)`, and leaves. In a Batch or an executor's loop, a message that joins an open
-  /// run takes the run into the route's lease (Bus::publish_routed).
-  template <class T, class U, class Slow>
-  [[gnu::always_inline]] static inline absl::Status publish_gated(detail::Core& c,
-                                                                  detail::Producer& p, bool routed,
-                                                                  detail::Producer::Route& route,
-                                                                  U&& msg, Slow&& slow);
-  /// publish() through `route` (this thread's route for the topic, or a Publisher's) while it
-  /// still holds: true when the message went into the ring (`msg` is untouched otherwise). Only
-  /// whether `g` is the plain gate matters: a Batch and an executor commit alike. A message
-  /// that joins an open run takes that run into the route's lease.
+  /// publish()'s out-of-line step (detail::resolve_and_send()), one member call in few
+  /// registers: see Publisher::publish_slow().
   template <class T, class U>
-  [[gnu::always_inline]] static inline bool publish_routed(detail::Producer& p,
-                                                           detail::Producer::Gate g,
-                                                           detail::Producer::Route& route, U&& msg);
-  /// publish() when `route` does not hold (this thread has no route for the topic yet, or its
-  /// subscribers changed) or the ring is full (the overflow policy). Sets `route` again when
-  /// the topic's subscribers are on one inbox.
-  template <class T, class U>
-  [[gnu::noinline]] static absl::Status publish_resolving(detail::Core& c, detail::Producer& p,
-                                                          detail::TopicState<T>& st,
-                                                          const Topic<T>& topic,
-                                                          detail::Producer::Route& route, U&& msg);
-  template <class T, class U>
-  [[gnu::noinline]] absl::Status publish_resolving(detail::Producer& p, const Topic<T>& topic,
-                                                   U&& msg) {
-    return publish_resolving(*core_, p, topic_state(topic), topic,
-                             p.routes[topic.id() % detail::Producer::kRoutes],
-                             std::forward<U>(msg));
-  }
-  /// publish() to several inboxes, or from a bridge thread: out of line.
-  template <class T, class U>
-  [[gnu::noinline]] static absl::Status publish_to_list(
-      detail::Core& c, detail::Producer& p, const detail::TargetList<detail::TopicTarget<T>>& list,
-      const Topic<T>& topic, U&& msg);
+  [[gnu::noinline]] absl::Status publish_slow(detail::Producer& p, const Topic<T>& topic, U&& msg);
   template <class T>
   static detail::TopicState<T>& topic_state(detail::Core& c, const Topic<T>& t) {
     return c.channel_state<detail::TopicState<T>>(t.id(), [] { return new detail::TopicState<T>; });
@@ -245,14 +205,6 @@ class Bus {
   }
   template <class T, class F>
   Subscription subscribe_at(const Topic<T>& topic, detail::Inbox& inbox, F&& handler);
-  /// The topic's one subscribing inbox's target, when there is one and `p` is not a bridge
-  /// thread (which may have to skip its own inbox): publish() then needs no copy.
-  template <class T>
-  static detail::TopicTarget<T>* sole_target(
-      const detail::Producer& p, const detail::TargetList<detail::TopicTarget<T>>* list) {
-    return list != nullptr && list->targets.size() == 1 && !p.bridge_thread ? list->targets.front()
-                                                                            : nullptr;
-  }
   template <class T>
   Subscription add_subscriber(const Topic<T>& topic, detail::Inbox& inbox,
                               typename detail::TopicTarget<T>::Sub sub);

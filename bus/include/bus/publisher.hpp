@@ -52,7 +52,7 @@ class Publisher {
 #endif
   Topic<T> topic_;
   detail::TopicState<T>* state_;
-  // Its lease is the open run this handle appends to (Bus::publish_leased()).
+  // Its lease is the open run this handle appends to (detail::join_held_run()).
   detail::Producer::Route route_;
 };
 

@@ -1,4 +1,5 @@
-// Bus's template definitions: the publish path, registrations, requests, services, timers.
+// Bus's template definitions: publishing (its path is bus/detail/publish.hpp), registrations,
+// requests, services, timers.
 // Included by bus/bus.hpp.
 #pragma once
 
@@ -10,6 +11,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "bus/detail/publish.hpp"
+
 namespace bus {
 
 template <class T, MessageOf<T> U>
@@ -20,81 +23,11 @@ absl::Status Bus::publish(const Topic<T>& topic, U&& msg) {
   // still the ones it saw, all on one inbox (so no copy to make), and the ring has room.
   detail::Producer::Route& r = p.routes[topic.id() % detail::Producer::kRoutes];
   // Inside a Batch or an executor's loop, the run this route holds (see Publisher).
-  if (publish_leased<T, true>(r, topic.id(), std::forward<U>(msg))) [[likely]]
+  if (detail::join_held_run<T, true>(r, topic.id(), std::forward<U>(msg))) [[likely]]
     return absl::OkStatus();
-  return publish_gated<T>(
+  return detail::send_through_gate<T>(
       c, p, r.channel == topic.id(), r, std::forward<U>(msg),
-      [&]<class M>(M&& m) { return publish_resolving(p, topic, std::forward<M>(m)); });
-}
-
-template <class T, bool kChannel, class U>
-bool Bus::publish_leased(detail::Producer::Route& route, uint32_t channel, U&& msg) {
-  // No look at the gate: a lease is taken inside a Batch or an executor's loop only, and their
-  // flush closes the run, which empties the lease, before anything else runs on this thread.
-  constexpr uint32_t kWords = detail::Payload<T>::kWords - 1;
-  detail::RunLease& lease = route.lease;
-  if (!lease.has_room(kWords) || (kChannel && route.channel != channel) ||
-      static_cast<const detail::TopicState<T>*>(route.state)->targets.load() != route.list)
-    return false;
-  // As Ring::extend_at() does: the lines ahead are asked for before the stores reach them.
-  detail::prefetch_for_write<detail::Ring::kPrefetchWords * 8>(lease.at);
-  detail::Payload<T>::construct(lease.at, std::forward<U>(msg));
-  lease.at += kWords;
-  return true;
-}
-
-template <class T, class U, class Slow>
-absl::Status Bus::publish_gated(detail::Core& c, detail::Producer& p, bool routed,
-                                detail::Producer::Route& route, U&& msg, Slow&& slow) {
-  // The slow path gets a small message by value: the caller's variable's address never leaves
-  // the inline path, so it can live in a register. (Inlined itself: GCC otherwise makes this
-  // lambda a function taking the variable's address, which keeps a loop's counter in memory,
-  // stored and loaded again around every publish.)
-  auto call_slow = [&]() __attribute__((always_inline)) {
-    if constexpr (std::is_trivially_copyable_v<T> && sizeof(T) <= 16) {
-      T copy = msg;
-      return slow(std::move(copy));
-    } else {
-      return slow(std::forward<U>(msg));
-    }
-  };
-  using Gate = detail::Producer::Gate;
-  const Gate gate = p.gate;
-  // Inside a Batch (entered when it began) or on an executor running its loop: the records are
-  // published at the Batch's end or the executor's flush. An executor whose loop ended looks at
-  // whether the bus has stopped (see Producer::Gate).
-  if (gate != Gate::kPlainGate) [[unlikely]] {
-    // The lease did not take the message: the first two of a run (the second takes the lease),
-    // or one after another send to the inbox closed the run. (The plain gate's look comes
-    // first: one branch for it, not two.)
-    if (gate == Gate::kBatchGate) {
-      if (routed && publish_routed<T>(p, Gate::kBatchGate, route, std::forward<U>(msg)))
-        return absl::OkStatus();
-      return call_slow();
-    }
-    if (c.enter(p, gate)) return call_slow();  // an executor past its loop: no lease
-    return detail::Core::stopped_status();
-  }
-  // A plain thread: enter (stop() waits for it), publish the record, wake, leave.
-  constexpr Gate g = Gate::kPlainGate;
-  if (!c.enter(p, g)) [[unlikely]]
-    return detail::Core::stopped_status();
-  if constexpr (detail::Payload<T>::kInline && std::is_nothrow_constructible_v<T, U&&>) {
-    // Nothing on the inline path can throw (the message is built in the ring, not boxed with
-    // `new`, by a constructor that does not throw): no scope guard (it would keep the result in
-    // memory).
-    if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) [[likely]] {
-      detail::Core::leave(p, g);
-      return absl::OkStatus();
-    }
-    detail::Leave leave{p, g};
-    return call_slow();
-  } else {
-    detail::Leave leave{p, g};  // also when building the message throws
-    if (routed && publish_routed<T>(p, g, route, std::forward<U>(msg))) [[likely]]
-      return absl::OkStatus();
-    return call_slow();
-  }
+      [&]<class M>(M&& m) { return publish_slow(p, topic, std::forward<M>(m)); });
 }
 
 template <class T>
@@ -103,87 +36,10 @@ Publisher<T> Bus::publisher(const Topic<T>& topic) {
 }
 
 template <class T, class U>
-bool Bus::publish_routed(detail::Producer& p, detail::Producer::Gate g,
-                         detail::Producer::Route& route, U&& msg) {
-  if (static_cast<const detail::TopicState<T>*>(route.state)->targets.load() != route.list)
-    return false;
-  auto* t = static_cast<detail::TopicTarget<T>*>(route.target);
-  // A message joins an open run of `t` without a look at its subscriber count: the run began
-  // in this Batch (or executor pass) with a subscriber, and if the last one left since, the
-  // message finds no handler, as one already in the ring does.
-  if (g != detail::Producer::kPlainGate &&
-      detail::Core::extend<T>(*route.ring, t, std::forward<U>(msg))) {
-    // The second message of a run takes it (the first may be the only one: a message that
-    // opens a run takes no lease, so sends to topics in turn never give one back). The lease
-    // is the route's own, if it held one: spent, it went back as this run opened.
-    route.ring->lease_run(reinterpret_cast<uint64_t>(t), route.lease);
-    return true;
-  }
-  if (t->live.load(std::memory_order_relaxed) == 0 ||
-      !detail::Core::append_record<T, true>(p, g, *route.ring, *t->inbox, t, route.published,
-                                            std::forward<U>(msg)))
-    return false;
-  // Outside the plain gate the message joined a run, counted when the run closes.
-  if (g == detail::Producer::kPlainGate)
-    detail::CounterTable<detail::kProducerCounters>::bump(*route.published);
-  return true;
-}
-
-template <class T, class U>
-absl::Status Bus::publish_resolving(detail::Core& c, detail::Producer& p, detail::TopicState<T>& st,
-                                    const Topic<T>& topic, detail::Producer::Route& route,
-                                    U&& msg) {
-  const auto* list = st.targets.load();
-  absl::Status result;
-  if (detail::TopicTarget<T>* t = sole_target(p, list)) {
-    if (t->live.load(std::memory_order_relaxed) != 0) {
-      detail::Ring& ring = p.ring_to(*t->inbox);
-      auto* published = &p.counters.cell(topic.id(), detail::kPublished);
-      route.set(topic.id(), &st, list, t, &ring, published);  // (gives the old lease back)
-      const detail::Producer::Gate g = p.gate;
-      if (detail::Core::append<T, true>(p, g, ring, *t->inbox, t, published,
-                                        std::forward<U>(msg))) {
-        if (g == detail::Producer::kPlainGate)
-          detail::CounterTable<detail::kProducerCounters>::bump(*published);
-        return absl::OkStatus();
-      }
-      result =
-          c.send_full<T>(p, ring, *t->inbox, t, topic.overflow(), topic.id(), std::forward<U>(msg));
-    }
-  } else if (list != nullptr) {
-    result = publish_to_list(c, p, *list, topic, std::forward<U>(msg));
-  }
-  p.counters.add(topic.id(), detail::kPublished);  // whatever became of its copies (see Stats)
-  return result;
-}
-
-template <class T, class U>
-absl::Status Bus::publish_to_list(detail::Core& c, detail::Producer& p,
-                                  const detail::TargetList<detail::TopicTarget<T>>& list,
-                                  const Topic<T>& topic, U&& msg) {
-  absl::Status result;
-  detail::TopicTarget<T>* last = nullptr;
-  for (auto* t : list.targets) {
-    if (t->live.load(std::memory_order_relaxed) == 0) continue;
-    if (p.bridge && t->inbox == p.own_inbox) continue;  // see Producer
-    // A run of `t` opened by the one-inbox route counts its messages when it closes; what is
-    // sent here is counted per publish() (below): close that run rather than join it. (The
-    // other way round cannot happen: a topic's target list only grows, so once a thread sends
-    // here it never takes the one-inbox route for the topic again.)
-    p.ring_to(*t->inbox).claim_run(reinterpret_cast<uint64_t>(t), nullptr);
-    if (last) {
-      absl::Status s = c.send<T, true>(p, *last->inbox, last, topic.overflow(), topic.id(),
-                                       static_cast<const T&>(msg));
-      if (!s.ok()) result = std::move(s);
-    }
-    last = t;
-  }
-  if (last) {
-    absl::Status s =
-        c.send<T, true>(p, *last->inbox, last, topic.overflow(), topic.id(), std::forward<U>(msg));
-    if (!s.ok()) result = std::move(s);
-  }
-  return result;
+absl::Status Bus::publish_slow(detail::Producer& p, const Topic<T>& topic, U&& msg) {
+  return detail::resolve_and_send(*core_, p, topic_state(topic), topic,
+                                  p.routes[topic.id() % detail::Producer::kRoutes],
+                                  std::forward<U>(msg));
 }
 
 template <class T, class F>
@@ -250,7 +106,7 @@ absl::Status Bus::publish_bulk(const Topic<T>& topic, std::span<const T> msgs) {
       done = msgs.size();  // no subscriber: published to nobody, as publish() does
       p.counters.add(topic.id(), detail::kPublished, done);
     } else {
-      // Counted by their runs as they close (see publish_resolving()).
+      // Counted by their runs as they close (see detail::resolve_and_send()).
       detail::Ring& ring = p.ring_to(*t->inbox);
       auto* published = &p.counters.cell(topic.id(), detail::kPublished);
       done =
@@ -259,7 +115,7 @@ absl::Status Bus::publish_bulk(const Topic<T>& topic, std::span<const T> msgs) {
   }
   // The rest (a full ring, several inboxes, a bridge thread) one by one: the overflow policy.
   for (; done < msgs.size(); ++done) {
-    absl::Status s = publish_resolving(p, topic, msgs[done]);
+    absl::Status s = publish_slow(p, topic, msgs[done]);
     if (!s.ok() && result.ok()) result = std::move(s);
   }
   return result;

@@ -100,9 +100,9 @@ class Core {
   /// Plain threads: announce a publish so stop() can wait for it. Returns false if stopping.
   /// `g` is p.gate, read once by the caller (it does not change inside a send).
   [[gnu::always_inline]] bool enter(Producer& p, Producer::Gate g) {
-    if (g == Producer::kBatchGate) [[likely]]
+    if (g == Producer::kOpen) [[likely]]
       return true;  // the Batch entered already
-    if (g == Producer::kExecutorGate) return state() != State::kStopped;
+    if (g == Producer::kOutsideLoop) return state() != State::kStopped;
     p.active.store(1, std::memory_order_relaxed);
     light_barrier();  // pairs with heavy_barrier() in stop(): we see its state or it sees us
     if (state() != State::kRunning) {
@@ -113,7 +113,7 @@ class Core {
   }
   [[gnu::always_inline]] bool enter(Producer& p) { return enter(p, p.gate); }
   [[gnu::always_inline]] static void leave(Producer& p, Producer::Gate g) {
-    if (g == Producer::kPlainGate) p.active.store(0, std::memory_order_release);
+    if (g == Producer::kPerSend) p.active.store(0, std::memory_order_release);
   }
   [[gnu::always_inline]] void leave(Producer& p) { leave(p, p.gate); }
   static absl::Status stopped_status() {
@@ -168,7 +168,7 @@ class Core {
                                                    Inbox& dest, Target* target,
                                                    std::atomic<uint64_t>* counter, A&&... args) {
     constexpr uint32_t kWords = Payload<P>::kWords;
-    if (g != Producer::kPlainGate) {
+    if (g != Producer::kPerSend) {
       // Only executors hold records back (send_full()); the plain gate is never an executor's.
       if (r.held != 0) [[unlikely]]
         return false;
@@ -187,7 +187,7 @@ class Core {
     const uint64_t end = r.write_position() + kWords;
     const auto header = reinterpret_cast<uint64_t>(target);
     Payload<P>::construct(w + 1, std::forward<A>(args)...);
-    if (g == Producer::kPlainGate) {
+    if (g == Producer::kPerSend) {
       // A plain thread publishes at once: its runs would end here.
       r.commit_publish(w, header, end);
       light_barrier();  // pairs with heavy_barrier() in Inbox::park()
@@ -245,7 +245,7 @@ class Core {
   /// and batches publish at their flush.
   [[gnu::always_inline]] static void committed(Producer& p, Producer::Gate g, Ring& r,
                                                Inbox& dest) {
-    if (g == Producer::kPlainGate) {
+    if (g == Producer::kPerSend) {
       r.publish();
       light_barrier();  // pairs with heavy_barrier() in Inbox::park()
       dest.notify();
@@ -296,7 +296,9 @@ class Core {
   bool await(Producer& p, Inbox& owner, const std::shared_ptr<Handoff>& h);
   ChannelState& install_state(uint32_t id,
                               const std::function<std::unique_ptr<ChannelState>()>& make);
-  void run_executor(Inbox& inbox, unsigned index);
+  void run_executor(Inbox& inbox, unsigned index);  // executor.cpp
+  /// The producer of an executor's own thread, registered like a plain thread's.
+  Producer& executor_producer(Inbox& inbox);
   bool quiescent();
 
   static constexpr std::size_t kStatesPerChunk = 256;

@@ -1,8 +1,7 @@
-// The receiving end of a thread: its rings, its timers and its pending requests.
+// The receiving end of a thread: its rings and their drain, cancel hand-offs, and the timers
+// and pending requests (timers.hpp, pending.hpp) it runs.
 #pragma once
 
-#include <absl/container/flat_hash_map.h>
-#include <absl/container/flat_hash_set.h>
 #include <absl/functional/any_invocable.h>
 #include <absl/status/status.h>
 
@@ -10,70 +9,21 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
-#include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
 #include "bus/detail/counters.hpp"
+#include "bus/detail/pending.hpp"
 #include "bus/detail/record.hpp"
 #include "bus/detail/ring.hpp"
 #include "bus/detail/sync.hpp"
+#include "bus/detail/timers.hpp"
 
 namespace bus::detail {
 
 class Core;
-
-/// The pending requests' deadlines of one inbox, earliest first, with no allocation per request.
-/// Most come in order (one timeout per call site): those go to a FIFO, where an answer in order
-/// pops its entry in O(1); the others go to a min-heap. An answered request's entry stays until
-/// it is first (Inbox::complete pops answered ones there) or a sweep drops it.
-class Deadlines {
- public:
-  using Entry = std::pair<Clock::time_point, uint64_t>;  // deadline, correlation
-
-  bool empty() const { return fifo_.empty() && heap_.empty(); }
-  std::size_t size() const { return fifo_.size() + heap_.size(); }
-  void push(Clock::time_point at, uint64_t corr) {
-    if (fifo_.empty() || at >= fifo_.back().first) {
-      fifo_.emplace_back(at, corr);
-    } else {
-      heap_.emplace_back(at, corr);
-      std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
-    }
-  }
-  /// The earliest; not empty().
-  const Entry& top() const { return from_fifo() ? fifo_.front() : heap_.front(); }
-  void pop() {
-    if (from_fifo()) {
-      fifo_.pop_front();
-    } else {
-      std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
-      heap_.pop_back();
-    }
-  }
-  /// Keeps the entries for which `keep(correlation)` holds.
-  template <class F>
-  void retain(F keep) {
-    std::erase_if(fifo_, [&](const Entry& e) { return !keep(e.second); });
-    std::erase_if(heap_, [&](const Entry& e) { return !keep(e.second); });
-    std::make_heap(heap_.begin(), heap_.end(), std::greater<>());
-  }
-  void clear() {
-    fifo_.clear();
-    heap_.clear();
-  }
-
- private:
-  bool from_fifo() const {
-    return heap_.empty() || (!fifo_.empty() && fifo_.front() < heap_.front());
-  }
-  std::deque<Entry> fifo_;  // in deadline order
-  std::vector<Entry> heap_;
-};
 
 class Inbox;
 
@@ -223,37 +173,33 @@ class Inbox {
   uint64_t reserve_timer_id() { return last_timer_.fetch_add(1, std::memory_order_relaxed) + 1; }
   bool add_timer(uint64_t id, Clock::time_point at, Clock::duration period, TimerFn fn,
                  bool essential);
-  bool cancel_timer(uint64_t id);
+  bool cancel_timer(uint64_t id) { return timers_.cancel(id); }
   std::optional<Clock::time_point> next_timer() const;
   /// True when the earliest timer or pending request's deadline has come.
   bool timer_due() const;
   std::size_t run_due_timers();
-  void drop_user_timers();
+  void drop_user_timers() { timers_.drop_inessential(); }
 
-  // Requests this inbox is waiting on, in a table of slots: a reply finds its request by the
-  // slot its correlation names (no hashing), and slots are reused most recent first.
-  using CompleteFn = absl::AnyInvocable<void(absl::Status, void* reply)>;
-  /// Correlations: the slot in the low kSlotBits, a sequence number of this inbox above them,
-  /// so a reply to an answered (or expired) request does not match the slot's next request (the
-  /// sequence repeats only after 2^40 requests of one inbox).
-  static constexpr unsigned kSlotBits = 24;
-  static constexpr std::size_t kMaxPending = std::size_t{1} << kSlotBits;
-  /// Takes a slot for a request about to be sent and returns its correlation, or 0 when
-  /// max_pending() requests are pending already. add_pending() fills the slot, or
-  /// release_pending() gives it back (the request was not sent).
-  uint64_t reserve_pending();
+  // Requests this inbox is waiting on (see PendingRequests).
+  using CompleteFn = PendingRequests::CompleteFn;
+  static constexpr std::size_t kMaxPending = PendingRequests::kMaxPending;
+  /// A correlation for a request about to be sent, or 0 when max_pending() requests are pending
+  /// already. add_pending() fills its slot, or release_pending() gives it back (not sent).
+  uint64_t reserve_pending() { return pending_.reserve(); }
   /// Options::max_pending_requests (kMaxPending at most).
-  std::size_t max_pending() const { return max_pending_; }
-  void release_pending(uint64_t corr);
-  void add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline, CompleteFn fn);
+  std::size_t max_pending() const { return pending_.max(); }
+  void release_pending(uint64_t corr) { pending_.release(corr); }
   /// Pending requests' deadlines are not timers (no allocation or map node per request), but
   /// next_timer(), ready() and run_due_timers() cover them too.
+  void add_pending(uint64_t corr, uint32_t channel, Clock::time_point deadline, CompleteFn fn) {
+    pending_.add(corr, channel, deadline, std::move(fn));
+  }
   /// A reply arrived: runs the callback, or, when none is pending, counts a late reply (only
   /// one a handler gave: see ReplyEnvelope::by_handler).
   void complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply,
                 bool by_handler = true);
   /// Slots taken (reserved or filled).
-  std::size_t pending_count() const { return pending_.size() - free_pending_.size(); }
+  std::size_t pending_count() const { return pending_.count(); }
   void cancel_all_pending(const absl::Status& why);
   /// Owner thread, once its loop has ended for good.
   void end_loop() { loop_ended_.store(true, std::memory_order_release); }
@@ -268,24 +214,6 @@ class Inbox {
     std::shared_ptr<Ring> ring;
     Node* next;
   };
-  struct Timer {
-    TimerFn fn;
-    Clock::duration period;
-    bool essential;
-  };
-  struct Pending {
-    uint64_t corr = 0;  // 0: the slot is free
-    uint32_t channel = 0;
-    CompleteFn fn;  // empty while reserved
-  };
-  /// The slot of `corr` while that request is pending, else null.
-  Pending* find_pending(uint64_t corr) {
-    std::size_t slot = corr & (kMaxPending - 1);
-    return slot < pending_.size() && pending_[slot].corr == corr ? &pending_[slot] : nullptr;
-  }
-  /// Frees the slot and returns its callback.
-  CompleteFn take_pending(Pending& slot);
-
   void adopt_rings();
   std::size_t drain_ring(Ring& ring);
   void invoke(Target* target, uint64_t* payload);
@@ -308,32 +236,10 @@ class Inbox {
   bool waits_for(const Inbox* target) const;
 
   alignas(kCacheLine) std::vector<std::shared_ptr<Ring>> rings_;
-  std::map<std::pair<Clock::time_point, uint64_t>, Timer> timers_;
-  absl::flat_hash_map<uint64_t, Clock::time_point> timer_at_;
-  uint64_t firing_ = 0;  // id of the periodic timer being run
-  bool firing_cancelled_ = false;
-  // A timer's cancel can arrive before the closure adding it (they may come through two rings,
-  // or the cancel may run at once on the owner: Core::cancel_on). Ids whose add_timer() ran:
-  // every one up to timers_seen_, and those above it in timers_seen_above_ (few: ids are added
-  // nearly in order). An id cancelled before it was seen waits in cancelled_unseen_.
-  uint64_t timers_seen_ = 0;
-  absl::flat_hash_set<uint64_t> timers_seen_above_;
-  absl::flat_hash_set<uint64_t> cancelled_unseen_;
-  bool timer_seen(uint64_t id) const {
-    return id <= timers_seen_ || timers_seen_above_.contains(id);
-  }
-  /// Returns false when `id` was seen before (a periodic timer added again).
-  bool see_timer(uint64_t id);
-  std::vector<Pending> pending_;  // indexed by a correlation's slot
-  const std::size_t max_pending_;
-  std::vector<uint32_t> free_pending_;
-  // The pending requests' deadlines; swept of answered entries once it holds over twice as many
-  // as there are requests pending.
-  Deadlines deadlines_;
-  void pop_answered_deadlines();
+  Timers timers_;
+  PendingRequests pending_;
   std::size_t expire_due(Clock::time_point now);
   std::vector<TimerFn> deferred_;
-  uint64_t last_correlation_ = 0;
 };
 
 }  // namespace bus::detail

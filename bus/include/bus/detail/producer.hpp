@@ -86,18 +86,19 @@ Clock::time_point deadline_of(const P& payload) {
 /// waiting to be published, its counters, and (executors only) the records held back while a
 /// destination ring is full.
 struct Producer {
-  /// How a send enters the bus and when its ring is published: kPlainGate, a plain thread
-  /// (stop() waits for its publish, published per send); kBatchGate, entered already and
-  /// published at a flush: inside a Batch (entered when it began, published when it ends) or an
-  /// executor running its loop (published at the end of each handler batch); kExecutorGate, an
-  /// executor whose loop has ended (the bus stopped): its sends are refused.
+  /// How a send enters the bus and when its ring is published: kPerSend, a plain thread
+  /// (stop() waits for its publish, published per send); kOpen, entered already and published
+  /// at a flush: inside a Batch (entered when it began, published when it ends) or an executor
+  /// running its loop (published at the end of each handler batch); kOutsideLoop, an executor
+  /// before its loop starts or after it ended (the bus stopped): it looks at the state per
+  /// send, and its sends are refused once the bus has stopped.
   ///
   /// An executor's loop needs no look at the state per send: stop() flips to kStopped only when
   /// no handler runs and none can start but a timer's or a deadline's, which counts itself in
   /// ticks_started first and looks at the state after (stop() then sees the tick and goes back
   /// to draining, so what that handler sends is delivered). Only what runs after the loop (the
   /// callbacks of requests cancelled by the stop) is refused.
-  enum Gate : uint8_t { kBatchGate, kExecutorGate, kPlainGate };
+  enum Gate : uint8_t { kOpen, kOutsideLoop, kPerSend };
 
   Producer(Core& c, std::weak_ptr<Core> w, Inbox* own, bool is_executor)
       : core(c),
@@ -105,7 +106,7 @@ struct Producer {
         own_inbox(own),
         executor(is_executor),
         one_cpu(!is_executor && on_one_cpu()),
-        gate(executor ? kExecutorGate : kPlainGate) {}
+        gate(executor ? kOutsideLoop : kPerSend) {}
 
   Core& core;
   std::weak_ptr<Core> weak;
@@ -115,7 +116,7 @@ struct Producer {
   // A plain thread whose process may run on one CPU only (on_one_cpu(), looked at once): waiting
   // for room, it yields the CPU to the consumer instead of pausing.
   const bool one_cpu;
-  // A bridge thread (bus::net) never takes the one-inbox route (publish_to_list() instead, which
+  // A bridge thread (bus::net) never takes the one-inbox route (send_to_each() instead, which
   // looks at `bridge`).
   bool bridge_thread = false;
   // Set while a bridge thread hands on what came from another node: its publishes then skip the
@@ -126,7 +127,7 @@ struct Producer {
   std::vector<std::shared_ptr<Ring>> rings;  // by destination inbox index
   std::vector<Ring*> unpublished;
   int batch_depth = 0;
-  // kBatchGate while batch_depth > 0 (a Batch restores the gate it found) and while an executor
+  // kOpen while batch_depth > 0 (a Batch restores the gate it found) and while an executor
   // runs its loop (Core::run_executor() opens it, and closes it after).
   Gate gate;
   /// An executor outside a Batch: its sends are published at the end of its handler batch.

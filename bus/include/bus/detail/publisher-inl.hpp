@@ -23,21 +23,23 @@ template <MessageOf<T> U>
 absl::Status Publisher<T>::publish(U&& msg) {
   assert(!alive_.expired() && "a Publisher is used while its Bus exists");
   assert(&core_->producer() == producer_ && "a Publisher publishes on the thread that made it");
-  assert(!route_.lease.held() || producer_->gate == detail::Producer::kBatchGate);
-  if (Bus::publish_leased<T, false>(route_, 0, std::forward<U>(msg))) [[likely]]
+  assert(!route_.lease.held() || producer_->gate == detail::Producer::kOpen);
+  if (detail::join_held_run<T, false>(route_, 0, std::forward<U>(msg))) [[likely]]
     return absl::OkStatus();
   detail::Producer& p = *producer_;
-  return Bus::publish_gated<T>(*core_, p, true, route_, std::forward<U>(msg),
-                               [&]<class M>(M&& m) { return publish_slow(std::forward<M>(m)); });
+  return detail::send_through_gate<T>(
+      *core_, p, true, route_, std::forward<U>(msg),
+      [&]<class M>(M&& m) { return publish_slow(std::forward<M>(m)); });
 }
 
 // Out of line, in three argument registers (the result, this, the message). Called inline, the
-// six-argument Bus::publish_resolving() took a seventh on the stack: the caller kept a frame
+// six-argument detail::resolve_and_send() took a seventh on the stack: the caller kept a frame
 // pointer for it, and a loop of publish() calls spilled its own counter to memory.
 template <class T>
 template <class U>
 absl::Status Publisher<T>::publish_slow(U&& msg) {
-  return Bus::publish_resolving(*core_, *producer_, *state_, topic_, route_, std::forward<U>(msg));
+  return detail::resolve_and_send(*core_, *producer_, *state_, topic_, route_,
+                                  std::forward<U>(msg));
 }
 
 }  // namespace bus
