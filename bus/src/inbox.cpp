@@ -245,8 +245,9 @@ bool Inbox::add_timer(uint64_t id, Clock::time_point at, Clock::duration period,
 
 std::optional<Clock::time_point> Inbox::next_timer() const {
   std::optional<Clock::time_point> next = timers_.next();
-  std::optional<Clock::time_point> deadline = pending_.next_deadline();
-  if (deadline && (!next || *deadline < *next)) next = deadline;
+  if (pending_.has_deadline() && (!next || pending_.earliest_deadline() < *next)) {
+    next = pending_.earliest_deadline();
+  }
   return next;
 }
 
@@ -305,16 +306,6 @@ std::size_t Inbox::expire_due(Clock::time_point now) {
   }
   pending_.forget_answered();  // so next_timer() names a pending request's deadline
   return n;
-}
-
-void Inbox::complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply,
-                     bool by_handler) {
-  CompleteFn fn = pending_.take_answered(corr, channel);
-  if (!fn) [[unlikely]] {
-    if (by_handler) counters.add(channel, kLateReplies);
-    return;
-  }
-  fn(std::move(status), reply);
 }
 
 void Inbox::cancel_all_pending(const absl::Status& why) {

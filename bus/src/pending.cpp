@@ -34,7 +34,7 @@ void PendingRequests::release(uint64_t corr) {
 }
 
 void PendingRequests::add(uint64_t corr, uint32_t channel, Clock::time_point deadline,
-                          CompleteFn fn) {
+                          CompleteFn&& fn) {
   Slot* slot = find(corr);
   assert(slot != nullptr && !slot->fn);
   slot->channel = channel;
@@ -47,14 +47,16 @@ void PendingRequests::add(uint64_t corr, uint32_t channel, Clock::time_point dea
   }
 }
 
-PendingRequests::CompleteFn PendingRequests::take_answered(uint64_t corr, uint32_t channel) {
+bool PendingRequests::complete(uint64_t corr, uint32_t channel, absl::Status&& status,
+                               void* reply) {
   Slot* slot = find(corr);
   if (slot == nullptr || slot->channel != channel || !slot->fn) [[unlikely]] {
-    return nullptr;
+    return false;
   }
   CompleteFn fn = free_slot(*slot);
   if (!deadlines_.empty() && deadlines_.top().second == corr) forget_answered();
-  return fn;
+  fn(std::move(status), reply);
+  return true;
 }
 
 void PendingRequests::forget_answered() {

@@ -197,7 +197,11 @@ class Inbox {
   /// A reply arrived: runs the callback, or, when none is pending, counts a late reply (only
   /// one a handler gave: see ReplyEnvelope::by_handler).
   void complete(uint64_t corr, uint32_t channel, absl::Status status, void* reply,
-                bool by_handler = true);
+                bool by_handler = true) {
+    if (!pending_.complete(corr, channel, std::move(status), reply) && by_handler) [[unlikely]] {
+      counters.add(channel, kLateReplies);
+    }
+  }
   /// Slots taken (reserved or filled).
   std::size_t pending_count() const { return pending_.count(); }
   void cancel_all_pending(const absl::Status& why);

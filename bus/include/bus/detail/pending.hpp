@@ -86,20 +86,19 @@ class PendingRequests {
   /// requests are pending already. add() fills the slot, or release() gives it back.
   uint64_t reserve();
   void release(uint64_t corr);
-  void add(uint64_t corr, uint32_t channel, Clock::time_point deadline, CompleteFn fn);
-  /// A reply to `corr` on `channel` arrived: the request's callback, its slot freed; empty when
-  /// no such request is pending (a late reply: its slot holds another request, a later sequence,
-  /// or one on another channel, which cannot be this reply's type). A slot reserved but not yet
-  /// filled cannot have a reply: its request is being sent by this very thread.
-  CompleteFn take_answered(uint64_t corr, uint32_t channel);
-  /// The earliest deadline of a pending request.
-  std::optional<Clock::time_point> next_deadline() const {
-    if (deadlines_.empty()) return std::nullopt;
-    return deadlines_.top().first;
-  }
+  void add(uint64_t corr, uint32_t channel, Clock::time_point deadline, CompleteFn&& fn);
+  /// A reply to `corr` on `channel` arrived: runs the request's callback (its slot freed first,
+  /// so the callback may make another request) and returns true; false when no such request is
+  /// pending (a late reply: its slot holds another request, a later sequence, or one on another
+  /// channel, which cannot be this reply's type). A slot reserved but not yet filled cannot have
+  /// a reply: its request is being sent by this very thread.
+  bool complete(uint64_t corr, uint32_t channel, absl::Status&& status, void* reply);
+  /// True while a pending request has a deadline entry; earliest_deadline() is then its deadline.
+  bool has_deadline() const { return !deadlines_.empty(); }
+  Clock::time_point earliest_deadline() const { return deadlines_.top().first; }
   /// The correlation of a pending request whose deadline is at or before `now`, its deadline
   /// entry dropped (it stays pending until take()); 0 when none is. Call forget_answered() once
-  /// done, so next_deadline() names a pending request's deadline.
+  /// done, so earliest_deadline() is a pending request's.
   uint64_t next_expired(Clock::time_point now);
   void forget_answered();
   /// A pending request's channel and callback, its slot freed (`corr` from next_expired()).
