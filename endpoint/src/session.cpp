@@ -625,18 +625,4 @@ Handover Session::hand_over() {
   return h;
 }
 
-std::optional<Reply> cross_origin_refusal(IoThread& io, const bh::request<bh::string_body>& msg) {
-  auto origin = msg.find(bh::field::origin);
-  if (origin == msg.end()) return std::nullopt;  // not a browser
-  std::string_view from = view(origin->value());
-  if (same_origin(from, view(msg[bh::field::host]))) return std::nullopt;
-  if (const auto& cors = io.server.options.cors(); cors && !allowed_origin(*cors, from).empty()) {
-    return std::nullopt;
-  }
-  // A page of another site would act with this browser's cookies and certificates.
-  bump(io.ws.refused);
-  return Reply::error(403, "forbidden",
-                      absl::StrCat("origin ", av(from), " may not open a WebSocket here"));
-}
-
 }  // namespace bus::http::detail
