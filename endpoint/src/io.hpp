@@ -110,7 +110,27 @@ class Session final : public Exchange, public std::enable_shared_from_this<Sessi
   /// Parses what buffer_ holds into parser_, reading more while the socket has it.
   void parse();
   void on_read(beast::error_code ec);
+
+  /// What dispatch() does after a phase: the next phase, or nothing more (the phase answered the
+  /// request, or handed the connection over).
+  enum class Next { kContinue, kAnswered };
+  /// What the phases learn of a request, for the phases after them (request_phases.cpp).
+  struct Routing;
+  /// Runs the request's phases in order (request_phases.cpp), up to the route's handler.
   void dispatch();
+  // Its phases, in order: inline (defined and called in request_phases.cpp alone) so that the
+  // compiler may fold them into dispatch().
+  inline Next read_head(Routing& r);
+  inline void allow_origin(const Routing& r);
+  inline Next resolve_target(Routing& r);
+  inline Next upgrade_websocket(const Routing& r);
+  inline Next split_path(Routing& r);
+  inline Next match_route(Routing& r);
+  inline Next answer_preflight(const Routing& r, const Router::Miss& miss);
+  inline Next authenticate(Routing& r);
+  inline Next authorize(const Routing& r);
+  inline void admit(Routing& r);
+
   /// Answers a request that could not be read (400, 413, 431): counted as a bad request.
   void refuse(Reply reply, bool close_after);
   void write(Reply&& reply, const std::string* allow);

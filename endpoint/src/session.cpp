@@ -1,10 +1,8 @@
-// Connections and I/O threads of the HTTP server (Boost.Beast on Asio).
-#include <absl/container/inlined_vector.h>
+// Connections of the HTTP server: their sockets (plain or TLS), reading a request with
+// Boost.Beast's parser, writing its response. What answers a request is request_phases.cpp's.
 #include <absl/strings/ascii.h>
 #include <absl/strings/match.h>
 #include <absl/strings/str_cat.h>
-#include <absl/strings/str_split.h>
-#include <kj/compat/url.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
@@ -26,25 +24,10 @@
 namespace bus::http::detail {
 namespace {
 
-std::optional<Method> method_of(bh::verb v) {
-  switch (v) {
-    case bh::verb::get: return Method::kGet;
-    case bh::verb::head: return Method::kHead;
-    case bh::verb::post: return Method::kPost;
-    case bh::verb::put: return Method::kPut;
-    case bh::verb::patch: return Method::kPatch;
-    case bh::verb::delete_: return Method::kDelete;
-    case bh::verb::options: return Method::kOptions;
-    default: return std::nullopt;
-  }
-}
-
 /// Connection-level failures end the connection quietly; HTTP parse errors are answered 400.
 bool is_http_error(const beast::error_code& ec) {
   return ec.category() == bh::make_error_code(bh::error::bad_target).category();
 }
-
-absl::string_view av(std::string_view s) { return {s.data(), s.size()}; }
 
 /// Whether a route's extra header field may be sent: not one the server sets itself, and
 /// nothing that would end the field early (a CR or LF would let a value inject fields).
@@ -70,40 +53,7 @@ bool header_allowed(std::string_view name, std::string_view value) {
   return !bad;
 }
 
-/// `s` fit for a quoted-string of WWW-Authenticate (RFC 6750 §3 allows no '"' or '\\' in
-/// error_description, and a token's kid is the client's text).
-std::string quotable(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') c = '?';
-  }
-  return out;
-}
-
 }  // namespace
-
-Reply unauthorized(std::string_view realm, std::string_view error, std::string_view description) {
-  Reply r = Reply::error(401, "unauthenticated",
-                         description.empty() ? "this route needs a bearer token" : description);
-  std::string challenge = absl::StrCat("Bearer realm=\"", quotable(realm), "\"");
-  if (!error.empty()) {
-    absl::StrAppend(&challenge, ", error=\"", av(error), "\", error_description=\"",
-                    quotable(description), "\"");
-  }
-  r.headers.emplace_back("WWW-Authenticate", std::move(challenge));
-  return r;
-}
-
-Reply forbidden(std::string_view realm, std::string_view scope) {
-  Reply r =
-      Reply::error(403, "forbidden",
-                   absl::StrCat("this route needs scope '", av(scope), "', which the token lacks"));
-  r.headers.emplace_back(
-      "WWW-Authenticate",
-      absl::StrCat("Bearer realm=\"", quotable(realm), "\", error=\"insufficient_scope\", scope=\"",
-                   quotable(scope), "\""));
-  return r;
-}
 
 // ==== Session
 // ====================================================================================
@@ -343,184 +293,6 @@ void Session::refuse(Reply reply, bool close_after) {
   write(std::move(reply), nullptr);
 }
 
-void Session::dispatch() {
-  auto& msg = parser_->get();
-  version_ = msg.version();
-  keep_alive_ = msg.keep_alive();
-  close_after_ = false;
-  cors_allowed_ = {};
-  head_ = msg.method() == bh::verb::head;
-  std::optional<Method> method = method_of(msg.method());
-  if (!method) {
-    route_ = io_.server.unmatched;
-    return write(
-        Reply::error(501, "not_implemented",
-                     "method " + std::string(view(msg.method_string())) + " is not served"),
-        nullptr);
-  }
-
-  if (std::optional<Reply> bad = framing_error(msg)) return refuse(std::move(*bad), true);
-  const std::optional<CorsOptions>& cors = io_.server.options.cors();
-  if (cors) {
-    // A browser's cross-origin request: its answer says whether the page may read it.
-    if (auto origin = msg.find(bh::field::origin); origin != msg.end()) {
-      cors_allowed_ = allowed_origin(*cors, view(origin->value()));
-    }
-  }
-
-  std::string_view target = view(msg.target());
-  TargetForm form = classify_target(target);
-  if (form == TargetForm::kAsterisk) {
-    route_ = io_.server.unmatched;
-    if (*method != Method::kOptions) {
-      return refuse(Reply::error(400, "bad_request", "'*' is a request target for OPTIONS only"),
-                    false);
-    }
-    // A server-wide OPTIONS (RFC 9110 §9.3.7): what this server implements, and no content.
-    static const std::string kMethods = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
-    return write(Reply{200, "", "", {}}, &kMethods);
-  }
-  if (form == TargetForm::kAbsolute) {
-    // The path after the authority is the target (RFC 9112 §3.2.2: servers accept this form).
-    std::optional<std::string> origin = origin_form(target);
-    if (origin) {
-      absolute_target_ = std::move(*origin);
-      target = absolute_target_;
-      form = classify_target(target);
-    } else {
-      form = TargetForm::kInvalid;
-    }
-  }
-  if (form == TargetForm::kInvalid) {
-    return refuse(
-        Reply::error(400, "bad_request",
-                     "malformed request target: it must be a path starting with '/' in visible "
-                     "ASCII (percent-encode other bytes)"),
-        false);
-  }
-  if (const WebSocketBridge* ws = io_.server.websocket.get();
-      ws != nullptr && target.substr(0, target.find('?')) == ws->options().path()) {
-    route_ = io_.server.unmatched;
-    if (*method != Method::kGet) {
-      return write(Reply::error(426, "upgrade_required",
-                                "GET " + ws->options().path() + " is a WebSocket: send an upgrade"),
-                   nullptr);
-    }
-    std::optional<Reply> refused =
-        upgrade(io_, *parser_, client_principal_, [this] { return hand_over(); });
-    if (refused) return write(std::move(*refused), nullptr);
-    return;
-  }
-  // A request path of up to 8 segments takes no allocation (a std::vector took two for
-  // /greeting/{name}, growing).
-  absl::InlinedVector<std::string_view, 8> path;
-  Request::Fields query;
-  kj::Maybe<kj::Url> url;
-  if (form == TargetForm::kPlain) {
-    // Nothing to decode, no query, no dot segments: the path is its '/'-separated segments
-    // (empty ones dropped, as kj::Url does). Saves kj::Url's allocations on the common request.
-    for (absl::string_view seg :
-         absl::StrSplit(absl::string_view(target.data(), target.size()), '/', absl::SkipEmpty())) {
-      path.emplace_back(seg.data(), seg.size());
-    }
-  } else {
-    url = kj::Url::tryParse(std::string(target), kj::Url::HTTP_REQUEST);
-    kj::Url* parsed = nullptr;
-    KJ_IF_MAYBE (u, url) {
-      parsed = u;
-    }
-    if (parsed == nullptr) {
-      return refuse(
-          Reply::error(400, "bad_request", "malformed request target: " + std::string(target)),
-          false);
-    }
-    path.reserve(parsed->path.size());
-    for (const kj::String& seg : parsed->path) path.emplace_back(seg.cStr(), seg.size());
-    query.reserve(parsed->query.size());
-    for (const auto& q : parsed->query) {
-      query.emplace_back(std::string(q.name.cStr(), q.name.size()),
-                         std::string(q.value.cStr(), q.value.size()));
-    }
-  }
-  Router::Miss miss;
-  std::optional<Router::Match> match = io_.server.router.match(*method, path, &miss);
-  if (cors && *method == Method::kOptions && !match) {
-    auto requested = msg.find(bh::field::access_control_request_method);
-    auto origin = msg.find(bh::field::origin);
-    if (requested != msg.end() && origin != msg.end()) {
-      // A preflight: answered here, before any credentials (browsers send none with it).
-      route_ = io_.server.unmatched;
-      if (cors_allowed_.empty()) {
-        return write(Reply::error(403, "forbidden",
-                                  absl::StrCat("CORS: origin ", av(view(origin->value())),
-                                               " is not allowed")),
-                     nullptr);
-      }
-      if (!miss.path_known) {
-        return write(Reply::error(404, "not_found", "no route for " + std::string(target)),
-                     nullptr);
-      }
-      std::string_view allowed = std::exchange(cors_allowed_, {});  // the preflight's own fields
-      return write(preflight(*cors, allowed, miss.allow, view(requested->value()),
-                             view(msg[bh::field::access_control_request_headers])),
-                   nullptr);
-    }
-  }
-  if (!match) {
-    route_ = io_.server.unmatched;
-    if (miss.path_known && *method == Method::kOptions) {
-      // No OPTIONS route here: what the path allows, and no content (RFC 9110 §9.3.7).
-      miss.allow += ", OPTIONS";
-      return write(Reply{200, "", "", {}}, &miss.allow);
-    }
-    if (miss.path_known) {
-      return write(Reply::error(405, "method_not_allowed",
-                                std::string(to_string(*method)) + " is not allowed on " +
-                                    std::string(target) + " (allowed: " + miss.allow + ")"),
-                   &miss.allow);
-    }
-    return write(
-        Reply::error(404, "not_found",
-                     "no route for " + std::string(to_string(*method)) + " " + std::string(target)),
-        nullptr);
-  }
-
-  route_ = match->route;
-  PrincipalPtr principal = client_principal_;
-  if (io_.tokens) {
-    absl::StatusOr<PrincipalPtr> who = io_.authenticate(msg, client_principal_);
-    if (!who.ok()) {
-      bump(io_.io.auth_invalid);
-      absl::string_view why = who.status().message();
-      return write(
-          unauthorized(io_.realm(), "invalid_token", std::string_view(why.data(), why.size())),
-          nullptr);
-    }
-    principal = *std::move(who);
-  }
-  if (const Access* access = io_.server.entries[route_].spec.access.get();
-      access != nullptr && access->authenticated) {
-    if (principal == nullptr) {
-      bump(io_.io.auth_missing);
-      return write(unauthorized(io_.realm(), "", ""), nullptr);
-    }
-    for (const std::string& scope : access->scopes) {
-      if (!principal->has_scope(scope)) {
-        bump(io_.io.auth_forbidden);
-        return write(forbidden(io_.realm(), scope), nullptr);
-      }
-    }
-  }
-  request_.emplace(*method, target, msg.body(), std::move(match->params), std::move(query), &msg,
-                   std::move(principal));
-  deadline_.reset();  // the route's deadline answers it, whether it waits for a turn or runs
-  if (!io_.admit(*this)) {
-    phase_ = Phase::kQueued;  // the I/O thread has max_in_flight requests out: wait for a turn
-    return;
-  }
-  invoke();
-}
-
 void Session::invoke() {
   phase_ = Phase::kHandling;
   io_.batch_round();
@@ -623,20 +395,6 @@ Handover Session::hand_over() {
   sock_.fd = -1;  // the WebSocket's now
   close();
   return h;
-}
-
-std::optional<Reply> cross_origin_refusal(IoThread& io, const bh::request<bh::string_body>& msg) {
-  auto origin = msg.find(bh::field::origin);
-  if (origin == msg.end()) return std::nullopt;  // not a browser
-  std::string_view from = view(origin->value());
-  if (same_origin(from, view(msg[bh::field::host]))) return std::nullopt;
-  if (const auto& cors = io.server.options.cors(); cors && !allowed_origin(*cors, from).empty()) {
-    return std::nullopt;
-  }
-  // A page of another site would act with this browser's cookies and certificates.
-  bump(io.ws.refused);
-  return Reply::error(403, "forbidden",
-                      absl::StrCat("origin ", av(from), " may not open a WebSocket here"));
 }
 
 }  // namespace bus::http::detail

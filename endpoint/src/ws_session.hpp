@@ -1,5 +1,5 @@
-// The WebSocket bridge's connections: declared here, defined in websocket.cpp, the one file that
-// includes this header (Beast's websocket stays in that translation unit).
+// The WebSocket bridge's connections and topics: declared here for the websocket_*.cpp files,
+// the only ones that include this header (Beast's websocket stays in them).
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
@@ -10,6 +10,7 @@
 #include <kj/array.h>
 
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/websocket.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +30,16 @@ namespace websocket = beast::websocket;
 
 namespace detail {
 
+/// The subprotocol of a client that sends and receives wire::Frame messages (binary).
+inline constexpr std::string_view kBinaryProtocol = "bus.capnp";
+
+/// `s` as a JSON string.
+std::string json_string(std::string_view s);
+/// The message `b` built, as flat bytes.
+std::string to_bytes(capnp::MessageBuilder& b);
+/// What the `claim` of a token grants: {"subscribe": [...], "publish": [...], "request": [...]}.
+std::vector<WebSocketBridge::Rule> granted_by(const Principal& p, const std::string& claim);
+
 /// Topics subscribed on one I/O thread, and the connections subscribed to each. The thread owns
 /// it (IoThread::ws_hub) and alone touches it.
 struct WsHub {
@@ -37,6 +48,12 @@ struct WsHub {
     std::string json_head;  // {"op":"msg","channel":"...","body":
     std::vector<WsSession*> sessions;
   };
+  /// Adds `session` to the topic `ch`, subscribing on the bus (delivering on `inbox`) when it is
+  /// the first.
+  void join(const WsChannel& ch, ExternalInbox& inbox, WsSession* session);
+  /// Removes `session` from the topic `name`; the last to leave cancels its bus subscription.
+  void leave(const std::string& name, WsSession* session);
+
   absl::flat_hash_map<std::string, std::unique_ptr<Topic>> topics;
 };
 
@@ -114,15 +131,8 @@ class WsConn final : public WsSession, public std::enable_shared_from_this<WsCon
   /// max_subscriptions, refuses.
   void subscribe(const WsChannel& ch);
   void unsubscribe(const std::string& name, bool ack);
-  /// Leaves the topic `name` of the hub; the last to leave cancels its bus subscription.
-  void leave(const std::string& name);
   void unsubscribe_all();
 
-  /// A topic message, encoded once per format for all of the topic's connections.
-  static std::shared_ptr<const std::string> encode_msg_json(const WsHub::Topic& t,
-                                                            const WsMessage& m);
-  static std::shared_ptr<const std::string> encode_msg_binary(const std::string& name,
-                                                              const WsMessage& m);
   void send_reply(const std::string& id, const absl::StatusOr<WsMessage>& rep);
   void send_ack(std::string_view op, const std::string& channel);
   /// An error for a frame the client should not have sent (counted as a bad frame).
@@ -153,6 +163,10 @@ class WsConn final : public WsSession, public std::enable_shared_from_this<WsCon
   const PrincipalPtr principal_;                      // who the client is, or null
   const std::vector<WebSocketBridge::Rule> granted_;  // what its token grants beyond permit()s
 };
+
+// Instantiated once, in websocket_connection.cpp.
+extern template class WsConn<beast::tcp_stream>;
+extern template class WsConn<TlsStream>;
 
 }  // namespace detail
 }  // namespace bus::http

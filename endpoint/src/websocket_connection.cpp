@@ -1,70 +1,38 @@
-// The WebSocket bridge (Boost.Beast websocket on the HTTP server's I/O threads).
+// A WebSocket connection of the bridge (Boost.Beast websocket on the HTTP server's I/O threads):
+// the client's messages (sub, unsub, pub, call) and what goes back to it.
 //
-// Each I/O thread keeps one bus subscription per topic its clients subscribe to; a message is
-// encoded once per format there and queued, shared, on every subscribed connection. A
-// connection's queue is bounded in bytes; what happens past the bound is the SlowClient policy.
+// A connection's queue is bounded in bytes; what happens past the bound is the SlowClient policy.
 // Everything queued when a write ends goes out in one WebSocket message (a JSON array, or
 // Cap'n Proto messages back to back), as SockJS does.
-#include "bus/http/websocket.hpp"
-
 #include <absl/strings/ascii.h>
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
-#include <absl/strings/str_split.h>
-#include <absl/strings/strip.h>
 #include <capnp/message.h>
 #include <capnp/serialize.h>
-#include <kj/compat/url.h>
 
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/websocket.hpp>
 
 #include "bus/http/json.hpp"
+#include "bus/http/websocket.hpp"
 #include "bus/schemas/websocket.capnp.h"
 #include "io.hpp"
 #include "ws_session.hpp"
 
-namespace bus::http {
-
-// ==== WebSocketBridge (configuration)
-// ======================================================================
-
-WebSocketBridge& WebSocketBridge::add(detail::WsChannel ch) {
-  if (find(ch.name) != nullptr) {
-    throw std::invalid_argument("bus::http: channel '" + ch.name +
-                                "' is already on the WebSocket bridge");
-  }
-  channels_.push_back(std::make_unique<detail::WsChannel>(std::move(ch)));
-  return *this;
-}
-
-WebSocketBridge& WebSocketBridge::permit(Permit what, std::string name, Match match) {
-  rules_.push_back({what, std::move(name), match});
-  return *this;
-}
-
-const detail::WsChannel* WebSocketBridge::find(std::string_view name) const {
-  for (const auto& c : channels_) {
-    if (c->name == name) return c.get();
-  }
-  return nullptr;
-}
-
-bool WebSocketBridge::permitted(Permit what, std::string_view name) const {
-  for (const Rule& r : rules_) {
-    if (r.allows(what, name)) return true;
-  }
-  return false;
-}
-
-namespace detail {
+namespace bus::http::detail {
 namespace {
 
-constexpr std::string_view kBinaryProtocol = "bus.capnp";
 // What one write takes from the queue at most (it may exceed it by one message).
 constexpr std::size_t kMaxWriteBytes = 64 * 1024;
 
 absl::string_view av(std::string_view s) { return {s.data(), s.size()}; }
+
+/// "deadline_exceeded", "unavailable", ...: the status code as a client reads it.
+std::string error_code(const absl::Status& st) {
+  return absl::AsciiStrToLower(absl::StatusCodeToString(st.code()));
+}
+
+}  // namespace
 
 std::string json_string(std::string_view s) {
   capnp::MallocMessageBuilder b(16);
@@ -74,23 +42,11 @@ std::string json_string(std::string_view s) {
   return std::string(out.cStr(), out.size());
 }
 
-/// "deadline_exceeded", "unavailable", ...: the status code as a client reads it.
-std::string error_code(const absl::Status& st) {
-  return absl::AsciiStrToLower(absl::StatusCodeToString(st.code()));
-}
-
 std::string to_bytes(capnp::MessageBuilder& b) {
   kj::Array<capnp::word> words = capnp::messageToFlatArray(b);
   auto bytes = words.asBytes();
   return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
 }
-
-}  // namespace
-
-void WsHubDeleter::operator()(WsHub* h) const { delete h; }
-WsHub* make_ws_hub() { return new WsHub; }
-
-// ==== WsConn ===================================================================================
 
 template <class Stream>
 WsConn<Stream>::WsConn(IoThread& io, Stream stream, bool binary, PrincipalPtr principal,
@@ -383,66 +339,21 @@ void WsConn<Stream>::subscribe(const WsChannel& ch) {
     return send_error({}, "too_many_subscriptions",
                       absl::StrCat("at most ", subs_.size(), " topics per connection"));
   }
-  WsHub& hub = *io_.ws_hub;
-  auto& topic = hub.topics[ch.name];
-  if (!topic) {
-    topic = std::make_unique<WsHub::Topic>();
-    topic->json_head =
-        absl::StrCat(R"({"op":"msg","channel":)", json_string(ch.name), R"(,"body":)");
-    WsHub::Topic* t = topic.get();
-    std::string name = ch.name;
-    topic->sub = ch.subscribe(io_.inbox(), [t, name](const WsMessage& m) {
-      std::shared_ptr<const std::string> json, binary;
-      for (WsSession* s : t->sessions) {  // push() never changes the list (see kClose)
-        auto& frame = s->binary() ? binary : json;
-        if (!frame) frame = s->binary() ? encode_msg_binary(name, m) : encode_msg_json(*t, m);
-        s->push(frame, true);
-      }
-    });
-  }
-  topic->sessions.push_back(this);
+  io_.ws_hub->join(ch, io_.inbox(), this);
   subs_.insert(ch.name);
   send_ack("subscribed", ch.name);
 }
 
 template <class Stream>
 void WsConn<Stream>::unsubscribe(const std::string& name, bool ack) {
-  if (subs_.erase(name) > 0) leave(name);
+  if (subs_.erase(name) > 0) io_.ws_hub->leave(name, this);
   if (ack) send_ack("unsubscribed", name);
 }
 
 template <class Stream>
-void WsConn<Stream>::leave(const std::string& name) {
-  WsHub& hub = *io_.ws_hub;
-  auto it = hub.topics.find(name);
-  if (it == hub.topics.end()) return;
-  std::erase(it->second->sessions, this);
-  if (it->second->sessions.empty()) hub.topics.erase(it);  // cancels the bus subscription
-}
-
-template <class Stream>
 void WsConn<Stream>::unsubscribe_all() {
-  for (const std::string& name : subs_) leave(name);
+  for (const std::string& name : subs_) io_.ws_hub->leave(name, this);
   subs_.clear();
-}
-
-template <class Stream>
-std::shared_ptr<const std::string> WsConn<Stream>::encode_msg_json(const WsHub::Topic& t,
-                                                                   const WsMessage& m) {
-  kj::String body = codec().encode(m.reader, m.reader.getSchema());
-  return std::make_shared<const std::string>(
-      absl::StrCat(t.json_head, absl::string_view(body.cStr(), body.size()), "}"));
-}
-
-template <class Stream>
-std::shared_ptr<const std::string> WsConn<Stream>::encode_msg_binary(const std::string& name,
-                                                                     const WsMessage& m) {
-  capnp::MallocMessageBuilder b;
-  auto f = b.initRoot<wire::Frame>();
-  f.setOp(wire::Frame::Op::MSG);
-  f.setChannel(name);
-  f.setBody(m.bytes);
-  return std::make_shared<const std::string>(to_bytes(b));
 }
 
 template <class Stream>
@@ -570,137 +481,8 @@ bool WsConn<Stream>::permitted(Permit what, std::string_view name) const {
   return false;
 }
 
-namespace {
+// Every connection is over one of the two (ws_session.hpp declares them extern).
+template class WsConn<beast::tcp_stream>;
+template class WsConn<TlsStream>;
 
-/// What the `claim` of a token grants: {"subscribe": [...], "publish": [...], "request": [...]}.
-std::vector<WebSocketBridge::Rule> granted_by(const Principal& p, const std::string& claim) {
-  std::vector<WebSocketBridge::Rule> out;
-  if (p.claims.empty()) return out;
-  capnp::MallocMessageBuilder b;
-  auto root = b.initRoot<capnp::JsonValue>();
-  try {
-    codec().decodeRaw(kj::ArrayPtr<const char>(p.claims.data(), p.claims.size()), root);
-  } catch (const kj::Exception&) {
-    return out;  // verified claims are JSON: not reached
-  }
-  if (!root.isObject()) return out;
-  for (auto f : root.asReader().getObject()) {
-    if (f.getName() != claim.c_str() || !f.getValue().isObject()) continue;
-    for (auto dir : f.getValue().getObject()) {
-      std::string_view d(dir.getName().cStr(), dir.getName().size());
-      Permit what = d == "subscribe" ? Permit::kSubscribe
-                    : d == "publish" ? Permit::kPublish
-                    : d == "request" ? Permit::kRequest
-                                     : Permit{0};
-      if (what == Permit{0} || !dir.getValue().isArray()) continue;
-      for (auto name : dir.getValue().getArray()) {
-        if (!name.isString()) continue;
-        std::string n(name.getString().cStr(), name.getString().size());
-        bool prefix = !n.empty() && n.back() == '*';
-        if (prefix) n.pop_back();
-        out.push_back({what, std::move(n), prefix ? Match::kPrefix : Match::kExact});
-      }
-    }
-  }
-  return out;
-}
-
-/// The `access_token` query parameter of `target`, if any.
-std::optional<std::string> access_token(std::string_view target) {
-  if (target.find('?') == std::string_view::npos) return std::nullopt;
-  KJ_IF_MAYBE (url, kj::Url::tryParse(std::string(target), kj::Url::HTTP_REQUEST)) {
-    for (const auto& q : url->query) {
-      if (q.name == "access_token") return std::string(q.value.cStr(), q.value.size());
-    }
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
-std::optional<Reply> upgrade(IoThread& io, bh::request_parser<bh::string_body>& parser,
-                             const PrincipalPtr& connection_principal,
-                             const std::function<Handover()>& take) {
-  auto& msg = parser.get();
-  const WebSocketOptions& o = io.server.websocket->options();
-  if (!websocket::is_upgrade(msg)) {
-    return Reply::error(426, "upgrade_required",
-                        "GET " + o.path() + " is a WebSocket: send an upgrade");
-  }
-  if (std::optional<Reply> refused = cross_origin_refusal(io, msg)) return refused;
-  // The client is who its token says (a header, or the access_token parameter that browsers
-  // can send), else who its certificate says.
-  absl::StatusOr<PrincipalPtr> who = io.authenticate(msg, connection_principal);
-  if (who.ok() && *who == connection_principal && io.tokens) {
-    std::string_view target(msg.target().data(), msg.target().size());
-    if (std::optional<std::string> token = access_token(target)) {
-      who = io.tokens->verify(*token, ::time(nullptr));
-    }
-  }
-  if (!who.ok()) {
-    bump(io.io.auth_invalid);
-    absl::string_view why = who.status().message();
-    return unauthorized(io.realm(), "invalid_token", std::string_view(why.data(), why.size()));
-  }
-  if (*who == nullptr && o.require_authentication()) {
-    bump(io.io.auth_missing);
-    return unauthorized(io.realm(), "", "");
-  }
-  bool binary = false;
-  for (auto part : absl::StrSplit(absl::string_view(msg[bh::field::sec_websocket_protocol].data(),
-                                                    msg[bh::field::sec_websocket_protocol].size()),
-                                  ',', absl::SkipWhitespace())) {
-    if (absl::StripAsciiWhitespace(part) == av(kBinaryProtocol)) binary = true;
-  }
-  std::vector<WebSocketBridge::Rule> granted;
-  if (*who != nullptr) granted = granted_by(**who, o.permissions_claim());
-  io.server.open.fetch_add(1, std::memory_order_relaxed);
-  Handover h = take();
-  if (h.ssl != nullptr) {
-    std::make_shared<WsConn<TlsStream>>(io, TlsStream(std::move(h.socket), h.ssl), binary,
-                                        std::move(*who), std::move(granted))
-        ->start(parser.release());
-  } else {
-    std::make_shared<WsConn<beast::tcp_stream>>(io, beast::tcp_stream(std::move(h.socket)), binary,
-                                                std::move(*who), std::move(granted))
-        ->start(parser.release());
-  }
-  return std::nullopt;
-}
-
-void close_websockets(IoThread& io, bool now) {
-  for (WsSession* s : std::vector<WsSession*>(io.ws_sessions.begin(), io.ws_sessions.end())) {
-    if (now) {
-      s->drop();
-    } else {
-      s->close(websocket::close_code::going_away, "server shutting down");
-    }
-  }
-}
-
-}  // namespace detail
-
-WebSocketStats Server::websocket_stats() const { return impl_->websocket_stats(); }
-
-WebSocketStats Server::Impl::websocket_stats() const {
-  WebSocketStats s;
-  for (const auto& t : threads) {
-    const detail::WsCounters& c = t->ws;
-    auto get = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-    s.connections_open += get(c.open);
-    s.connections_accepted += get(c.accepted);
-    s.frames_in += get(c.frames_in);
-    s.messages_out += get(c.messages_out);
-    s.frames_out += get(c.frames_out);
-    s.refused += get(c.refused);
-    s.bad_frames += get(c.bad_frames);
-    s.dropped += get(c.dropped);
-    s.closed_slow += get(c.closed_slow);
-    s.published += get(c.published);
-    s.calls += get(c.calls);
-    s.queued_bytes += get(c.queued_bytes);
-  }
-  return s;
-}
-
-}  // namespace bus::http
+}  // namespace bus::http::detail
