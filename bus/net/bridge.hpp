@@ -257,7 +257,7 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   Clock::time_point next_beat(Clock::time_point now) const;
   std::string heartbeat_payload(bool leaving, const std::vector<uint64_t>& handover);
 
-  // ---- peers (bridge_out.cpp) ------------------------------------------------------------
+  // ---- peers (bridge_peers.cpp) ----------------------------------------------------------
   /// Listens to a publisher's endpoint.
   void listen(const Peer& peer);
   /// No longer listens to the publisher at `endpoint` (found by membership), over either way.

@@ -1,5 +1,4 @@
-// Outgoing: publishing through the gate, requests, replies, queue messages, heartbeats; and the
-// peers' lifecycle (liveness, reachability, subscriptions).
+// Outgoing: publishing through the gate, heartbeats, requests, queue messages and replies.
 #include <absl/strings/str_cat.h>
 #include <capnp/serialize.h>
 
@@ -9,7 +8,6 @@
 #include <tuple>
 
 #include "bridge.hpp"
-#include "shm_heap.hpp"
 
 namespace bus::net::detail {
 
@@ -105,6 +103,12 @@ void Bridge::flush_publishes() {
     publish(*ch, *out, std::move(bytes), count, {});
   }
   queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+std::size_t Bridge::subscribers(std::string_view topic) const {
+  std::size_t zmq = zmq_.subscribers(topic);
+  std::size_t leaving = std::min(zmq, shm_.leaving(topic));
+  return zmq - leaving + shm_.subscribers(topic);
 }
 
 uint64_t Bridge::sent_next(const Bridged& ch) const {
@@ -457,234 +461,6 @@ void Bridge::reply_unexported(const RemoteCall& call, absl::string_view name) {
   one[0].code = static_cast<uint16_t>(absl::StatusCode::kUnavailable);
   one[0].detail = absl::StrCat("bus.net: '", name, "' is not exported by node ", opt_.name());
   send_replies(call.to, std::string_view(name.data(), name.size()), 0, one, {});
-}
-
-// ---- peers ---------------------------------------------------------------------------------
-
-void Bridge::update_subscriptions() {
-  // Only topics with local subscribers are subscribed to, so other nodes' publishers (and their
-  // filtering) do not send us what nobody here reads.
-  for (auto& [name, ch] : import_topics_) {
-    bool want = ch->wanted(*this);
-    if (want == subscribed_.contains(name)) continue;
-    zmq_.filter(name, want);
-    for (const auto& [node, lp] : linked_) shm_.subscribe(node, name, want);
-    if (want) {
-      subscribed_.insert(name);
-    } else {
-      subscribed_.erase(name);
-      // What is published while we do not listen is not lost: after a new subscription, the
-      // first frame starts the count again.
-      ledger_.restart(name);
-    }
-    next_heartbeat_ = Clock::now();  // our imports changed: tell the peers
-  }
-  for (const auto& [name, fn] : taps_) {
-    if (subscribed_.contains(name) || !tapped_.insert(name).second) continue;
-    zmq_.filter(name, true);  // "" (every topic) included
-    for (const auto& [node, lp] : linked_) shm_.subscribe(node, name, true);
-  }
-}
-
-void Bridge::check_peers() {
-  // Silence counts only while we keep up with what arrives: a peer whose frames wait unread
-  // here (this thread was held up, or reads slower than they come) is not silent.
-  const bool behind = zmq_.behind();
-  std::vector<uint64_t> dead = peers_.silent([&](const PeerState& p) {
-    return p.transport == TransportKind::kShm
-               ? shm_.input_waiting(p.id)
-               : ZmqTransport::input_waiting(p, behind, topic_frames_);
-  });
-  ledger_.bound();
-  // A handover that does not come within dead_after heartbeats (the publisher's ZeroMQ
-  // connection to us is not up, say) is given up: its topics stay on ZeroMQ.
-  std::vector<uint64_t> stuck;
-  for (const auto& [node, lp] : linked_) {
-    if (lp.moving && Clock::now() - lp.since > opt_.dead_after_time()) stuck.push_back(node);
-  }
-  for (uint64_t node : stuck) abandon_handover(node, "no heartbeat naming this node came");
-  for (uint64_t id : dead) {
-    const PeerState* found = peers_.find(id);
-    if (found == nullptr) continue;  // forgotten meanwhile (a call's callback, say)
-    const PeerState& p = *found;
-    ++counters_.peers_lost;
-    peers_.declared_dead(id);
-    std::string name = p.name;
-    // Its connection to us is re-made rather than left to TCP: a connection that crossed a
-    // network partition comes back only when TCP retransmits again, seconds after the network
-    // did (its timer backs off, doubling), where a new one comes up at the first connect
-    // attempt. Our request socket to it goes with forget_peer(); its publisher, at its end,
-    // sees our new connection and our subscriptions again.
-    if (p.transport == TransportKind::kZmq && !linked_.contains(id)) {
-      std::string e = listening_at(p.publish_endpoint);
-      // Not a kept one (forget_peer() drops it), nor one a node that took its place speaks on.
-      if (!e.empty() && !kept_.contains(e) && !heard_at(e, id)) {
-        if (zmq_.relisten(e)) ++counters_.reconnects;
-      }
-    }
-    forget_peer(id,
-                absl::AbortedError(absl::StrCat("bus.net: peer gone: node '", name,
-                                                "' was silent for ", opt_.dead_after(),
-                                                " heartbeats with the request in flight")),
-                Forget::kMayReturn);
-  }
-}
-
-void Bridge::forget_peer(uint64_t id, const absl::Status& why, Forget how) {
-  PeerState* p = peers_.find(id);
-  if (p == nullptr) return;
-  lanes_->peer_gone(id, why);
-  // Fail what was in flight on it now, not at the deadline.
-  std::vector<uint64_t> failed;
-  for (auto& [corr, pend] : pending_) {
-    if (pend.peer == id) failed.push_back(corr);
-  }
-  for (uint64_t corr : failed) {
-    auto node = pending_.extract(corr);
-    ++counters_.calls_peer_gone;
-    node.mapped().call->finish(why, {});
-  }
-  // Requests batched for it but not sent: failed once it is gone (a callback that calls again
-  // then cannot pick it).
-  p = peers_.find(id);  // a finished call may have changed the table
-  if (p == nullptr) return;
-  std::vector<CallBatch> unsent = std::move(p->calls);
-  const std::string endpoint = listening_at(p->publish_endpoint);
-  zmq_.close_route(id);
-  peers_.erase(id);
-  // Kept after etcd dropped it because it was alive: no longer (unless a node that took its
-  // place there is).
-  if (kept_.contains(endpoint) && !heard_at(endpoint)) {
-    kept_.erase(endpoint);
-    drop_member(endpoint);
-  }
-  if (how == Forget::kForGood) {
-    ledger_.forget_for_good(id);
-    linked_.erase(id);  // what waited for its handover goes with it
-  }
-  ledger_.fold(id);
-  update_reachability();
-  for (CallBatch& b : unsent) {
-    for (auto& c : b.calls) {
-      ++counters_.calls_peer_gone;
-      c.pending->finish(why, {});
-    }
-  }
-}
-
-void Bridge::update_reachability() {
-  // The lanes learn the servers first: a call routed to a proxy as soon as it is reachable finds
-  // its servers there.
-  absl::flat_hash_map<std::string, std::vector<DirectServer>> direct;
-  for (Bridged* ch : imported_calls_) {
-    if (ch->role != Bridged::Role::kImportEndpoint) continue;
-    for (const auto& [id, p] : peers_) {
-      if (PeerTable::serves(p, *ch, true)) {
-        direct[ch->name].push_back(
-            {id, p.name, p.request_endpoint, p.public_key, p.transport == TransportKind::kShm});
-      }
-    }
-  }
-  lanes_->set_servers(std::move(direct));
-  for (Bridged* ch : imported_calls_) {
-    bool endpoint = ch->role == Bridged::Role::kImportEndpoint;
-    bool reachable = false;
-    for (const auto& [id, p] : peers_) reachable = reachable || PeerTable::serves(p, *ch, endpoint);
-    if (!reachable) {
-      for (auto& [id, p] : peers_) {
-        for (const auto& s : p.serves) {
-          if (s.name == ch->name &&
-              (s.type_id != ch->type_id || (endpoint && s.reply_type_id != ch->reply_type_id))) {
-            log_once(absl::StrCat("serves-type:", ch->name),
-                     absl::StrCat("node '", p.name, "' serves '", ch->name,
-                                  "' with other types than this node: not routing to it"));
-          }
-        }
-      }
-    }
-    ch->set_reachable(*this, reachable);
-  }
-  changed();  // peers or what they serve changed
-}
-
-void Bridge::sweep_pending() {
-  // The requester's own deadline timer has answered it already; drop what is left of it.
-  auto now = Clock::now();
-  std::vector<uint64_t> expired;
-  for (auto& [corr, p] : pending_) {
-    if (p.deadline < now) expired.push_back(corr);
-  }
-  for (uint64_t corr : expired) pending_.erase(corr);
-}
-
-// ---- observation ---------------------------------------------------------------------------
-
-std::vector<PeerInfo> Bridge::peers() const {
-  std::vector<PeerInfo> out;
-  auto now = Clock::now();
-  for (const auto& [id, p] : peers_) {
-    PeerInfo i;
-    i.id = id;
-    i.name = p.name;
-    i.request_endpoint = p.request_endpoint;
-    auto info = [](const ChannelDesc& c, bool served) {
-      ChannelInfo ci;
-      ci.name = c.name;
-      ci.kind = c.kind == wire::Channel::Kind::ENDPOINT ? ChannelInfo::Kind::kEndpoint
-                : c.kind == wire::Channel::Kind::QUEUE  ? ChannelInfo::Kind::kQueue
-                                                        : ChannelInfo::Kind::kTopic;
-      ci.type_id = c.type_id;
-      ci.reply_type_id = c.reply_type_id;
-      ci.served = served;
-      return ci;
-    };
-    for (const auto& s : p.serves) {
-      i.serves.push_back(s.name);
-      i.channels.push_back(info(s, true));
-    }
-    for (const auto& s : p.imports) {
-      i.imports.push_back(s.name);
-      i.channels.push_back(info(s, false));
-    }
-    i.since_heartbeat = duration_cast<milliseconds>(now - p.last_seen);
-    i.transport =
-        p.transport == TransportKind::kShm ? Transport::kSharedMemory : Transport::kZeroMq;
-    out.push_back(std::move(i));
-  }
-  return out;
-}
-
-NodeStats Bridge::stats() const {
-  NodeStats s = counters_;
-  membership_counters_.add_to(s);
-  s.shm_heap_bytes = ShmHeap::instance().in_use();
-  s.shm_pinned_bytes = shm_.pinned_bytes();
-  s.peers = peers();
-  TrafficRows rows = ledger_.rows([this](uint64_t peer) { return known(peer); });
-  lanes_->add_to(s, rows);  // calls made on their callers' threads
-  for (const auto& [key, t] : rows) {
-    ChannelTraffic row = t;
-    const PeerState* p = peers_.find(key.second);
-    row.peer_name = p != nullptr ? p->name : (key.second == 0 ? "" : "?");
-    s.traffic.push_back(std::move(row));
-  }
-  return s;
-}
-
-std::size_t Bridge::subscribers(std::string_view topic) const {
-  std::size_t zmq = zmq_.subscribers(topic);
-  std::size_t leaving = std::min(zmq, shm_.leaving(topic));
-  return zmq - leaving + shm_.subscribers(topic);
-}
-
-bool Bridge::serves(std::string_view channel) const {
-  for (const auto& [id, p] : peers_) {
-    if (p.route == nullptr) continue;
-    for (const auto& s : p.serves) {
-      if (s.name == channel) return true;
-    }
-  }
-  return false;
 }
 
 }  // namespace bus::net::detail

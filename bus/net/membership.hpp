@@ -42,13 +42,14 @@ struct MembershipCounters {
   }
 };
 
-/// Finds peers for a node: every address a peer's host name resolves to (again every
-/// NodeOptions::resolve_every(); an address no longer given is dropped after heartbeat x
-/// dead_after), and every node registered under the etcd prefix (NodeOptions::etcd()), where it
-/// registers its own node too. One thread of its own runs an Asio io_context: the resolver, the
-/// etcd calls (one keep-alive HTTP connection) and the watch stream (another); what it finds goes
-/// to the bridge thread as Bridge::found(source, peers), only when it changed. Idle, it costs a
-/// lease keep-alive every TTL/3 and a resolution per name per resolve_every().
+/// Finds peers for a node: every address a peer's host name resolves to (DnsMembership: again
+/// every NodeOptions::resolve_every(); an address no longer given is dropped after heartbeat x
+/// dead_after), and every node registered under the etcd prefix (EtcdMembership, with
+/// NodeOptions::etcd()), where it registers its own node too. One thread of its own runs an Asio
+/// io_context for both: the resolver, the etcd calls (one keep-alive HTTP connection) and the
+/// watch stream (another); what it finds goes to the bridge thread as Bridge::found(source,
+/// peers), only when it changed. Idle, it costs a lease keep-alive every TTL/3 and a resolution
+/// per name per resolve_every().
 class Membership {
  public:
   /// `publish_endpoint`: what the node's publisher bound (a wildcard host is replaced by the
@@ -72,6 +73,10 @@ class Membership {
   std::unique_ptr<Impl> impl_;
 };
 
+/// `tcp://host:port` -> host and port (false for other transports).
+bool split_tcp(const std::string& endpoint, std::string& host, std::string& port);
+/// A host that stands for every interface (`*`, 0.0.0.0, ::, or none).
+bool is_wildcard(const std::string& host);
 /// `tcp://host:port` whose host is a name (not an address, not `*`), split into its parts.
 bool split_host_name(const std::string& endpoint, std::string& host, std::string& port);
 /// split_host_name() without the parts.

@@ -3,7 +3,9 @@
 // ZeroMQ, as every peer first does) and finds it on the same host connects there, and the two
 // make a link: two rings in shared memory, one written by each end, plus the socket, whose end
 // says the other process is gone. Over a link go the frames ZeroMQ would carry, unchanged; large
-// payloads stay in the sender's heap and are read in place.
+// payloads stay in the sender's heap and are read in place. Links made and ended:
+// shm_transport.cpp; sending: shm_transport_send.cpp; polling and reading:
+// shm_transport_receive.cpp.
 #pragma once
 
 #include <absl/container/flat_hash_map.h>

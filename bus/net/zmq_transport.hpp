@@ -1,6 +1,8 @@
 // The ZeroMQ transport: a node's sockets (XPUB out, SUB in, ROUTER for requests, a DEALER per
 // peer, ZAP for CURVE) and how the bridge loop polls them. Peers on other hosts use it, and
-// every peer's heartbeats reach a node here first.
+// every peer's heartbeats reach a node here first. The sockets and who may connect:
+// zmq_transport.cpp; sending: zmq_transport_send.cpp; polling and reading:
+// zmq_transport_receive.cpp.
 #pragma once
 
 #include <absl/container/flat_hash_map.h>
