@@ -142,7 +142,7 @@ int role_sub(const Args& a) {
     ++count;
   });
   node.import_topic(kBlobs);
-  std::printf("ready publish=%s\n", node.publish_endpoint().c_str());
+  std::printf("ready publish=%s\n", node.publish_address().c_str());
   std::fflush(stdout);
   std::string line;
   if (!std::getline(std::cin, line) || line.rfind("expect ", 0) != 0) return 0;

@@ -68,7 +68,7 @@ Bridge::Bridge(Bus& bus, NodeOptions options)
     throw;
   }
   const bool names = std::any_of(opt_.peers().begin(), opt_.peers().end(),
-                                 [](const Peer& p) { return is_host_name(p.endpoint); });
+                                 [](const Peer& p) { return is_host_name(p.address); });
   if (names || !opt_.etcd().empty()) {
     try {
       std::lock_guard lock(membership_mu_);
@@ -164,13 +164,13 @@ void Bridge::setup() {
   inbox_ = std::make_unique<ExternalInbox>(bus_);
   BusAccess::mark_bridge_thread(bus_);
   zmq_.start();
-  advertised_publish_ = advertised_publish(opt_, zmq_.publish_endpoint());
+  advertised_publish_ = advertised_publish(opt_, zmq_.publish_address());
   if (opt_.shares_memory() && !HostIdentity::self().boot_id.empty()) {
-    shm_.start(wake_fd_, zmq_.publish_endpoint());
+    shm_.start(wake_fd_, zmq_.publish_address());
   }
   for (const Peer& p : opt_.peers()) {
-    if (is_host_name(p.endpoint)) continue;  // the membership resolves it
-    if (static_peers_.insert(p.endpoint).second) listen(p);
+    if (is_host_name(p.address)) continue;  // the membership resolves it
+    if (static_peers_.insert(p.address).second) listen(p);
   }
   counters_.id = id_;
 }

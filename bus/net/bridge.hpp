@@ -100,8 +100,8 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   }
 
   uint64_t id() const { return id_; }
-  const std::string& publish_endpoint() const { return zmq_.publish_endpoint(); }
-  const std::string& request_endpoint() const { return zmq_.request_endpoint(); }
+  const std::string& publish_address() const { return zmq_.publish_address(); }
+  const std::string& request_address() const { return zmq_.request_address(); }
   std::vector<PeerInfo> peers() const;
   NodeStats stats() const;
   std::size_t subscribers(std::string_view topic) const;
@@ -206,16 +206,16 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
 
   // ---- shared-memory links (bridge_links.cpp) ----------------------------------------------
   // ShmTransport::Events
-  void on_link_up(uint64_t link, uint64_t peer, const std::string& publish_endpoint) override;
+  void on_link_up(uint64_t link, uint64_t peer, const std::string& publish_address) override;
   void on_link_down(uint64_t link, uint64_t peer, bool died, const std::string& why,
                     const Subscribers* publisher) override;
-  /// The listened-to endpoint (static, found or kept) that names the publisher at `endpoint`, or
+  /// The listened-to address (static, found or kept) that names the publisher at `address`, or
   /// "": for a peer on this host, whose link says what its publisher bound (a wildcard host
-  /// matches any listened-to endpoint with its port).
-  std::string listened_endpoint(const std::string& endpoint) const;
-  /// `endpoint` when this node listens to a publisher there (static, found or kept), else "".
+  /// matches any listened-to address with its port).
+  std::string listened_address(const std::string& address) const;
+  /// `address` when this node listens to a publisher there (static, found or kept), else "".
   /// Exact: what a peer's heartbeats advertise is matched with what it is listed by.
-  std::string listening_at(const std::string& endpoint) const;
+  std::string listening_at(const std::string& address) const;
   /// What this node takes of other nodes' topics: the heartbeats, imports with subscribers, taps.
   std::vector<std::string> topic_filters() const;
 
@@ -258,12 +258,12 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   std::string heartbeat_payload(bool leaving, const std::vector<uint64_t>& handover);
 
   // ---- peers (bridge_peers.cpp) ----------------------------------------------------------
-  /// Listens to a publisher's endpoint.
+  /// Listens to a publisher's address.
   void listen(const Peer& peer);
-  /// No longer listens to the publisher at `endpoint` (found by membership), over either way.
-  void drop_member(const std::string& endpoint);
-  /// A live peer (other than `except`) is heard through the publisher listened to at `endpoint`.
-  bool heard_at(const std::string& endpoint, uint64_t except = 0) const;
+  /// No longer listens to the publisher at `address` (found by membership), over either way.
+  void drop_member(const std::string& address);
+  /// A live peer (other than `except`) is heard through the publisher listened to at `address`.
+  bool heard_at(const std::string& address, uint64_t except = 0) const;
   void check_peers();
   void forget_peer(uint64_t id, const absl::Status& why, Forget how);
   void update_reachability();
@@ -334,7 +334,7 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   std::string advertised_publish_;      // what our heartbeats say (see advertised_publish())
   bool awake_ = false;  // traffic flows: poll without blocking, keep the inbox awake
   bool armed_ = false;  // the inbox's producers write its eventfd (see take_local_input)
-  // Publishers found by membership sources (endpoint -> the sources that list it), and the
+  // Publishers found by membership sources (address -> the sources that list it), and the
   // static ones (never dropped).
   absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> found_;
   absl::flat_hash_set<std::string> static_peers_;
@@ -348,9 +348,9 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   /// brought before), the subscriber socket lets go, and per topic the ZeroMQ frames below the
   /// link's first number (its first heartbeat's `published`) are read, then the link's frames.
   struct LinkedPublisher {
-    std::string endpoint;  // what the subscriber socket was (and is again, when the link goes)
-    bool moving = true;    // until the handover
-    bool replay = false;   // the handover came: read what waits after this read step
+    std::string address;  // what the subscriber socket was (and is again, when the link goes)
+    bool moving = true;   // until the handover
+    bool replay = false;  // the handover came: read what waits after this read step
     Clock::time_point since;
     struct Frame {
       std::string channel, envelope, payload;

@@ -343,7 +343,7 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
         // Its link carries everything from here; ZeroMQ brought all it sent before.
         moving->second.moving = false;
         moving->second.replay = true;
-        zmq_.unlisten(moving->second.endpoint);
+        zmq_.unlisten(moving->second.address);
       }
     }
     if (hb.getLeaving()) {
@@ -389,8 +389,8 @@ void Bridge::on_heartbeat(const EnvelopeFields& env, kj::ArrayPtr<const capnp::w
     if (fresh) {
       p.id = id;
       p.name = hb.getName().cStr();
-      p.request_endpoint = hb.getRequestEndpoint().cStr();
-      p.publish_endpoint = hb.getPublishEndpoint().cStr();
+      p.request_address = hb.getRequestEndpoint().cStr();
+      p.publish_address = hb.getPublishEndpoint().cStr();
       p.public_key = hb.getPublicKey().cStr();
       welcome(p);
     }
@@ -412,8 +412,8 @@ void Bridge::welcome(PeerState& p) {
                           ") was declared dead and is back: what it sent meanwhile and never "
                           "arrived is counted as gaps"));
   }
-  if (!p.request_endpoint.empty()) {
-    p.route = zmq_.open_route(p.id, p.name, p.request_endpoint, p.public_key);
+  if (!p.request_address.empty()) {
+    p.route = zmq_.open_route(p.id, p.name, p.request_address, p.public_key);
   }
   if (PeerRoute* link = shm_.route(p.id)) {  // linked before it was heard
     p.route = link;
@@ -425,7 +425,7 @@ void Bridge::welcome(PeerState& p) {
   // new one's route exists, so the endpoint stays routable throughout.)
   std::vector<uint64_t> replaced;
   for (auto& [other, q] : peers_) {
-    if (other != p.id && !p.request_endpoint.empty() && q.request_endpoint == p.request_endpoint) {
+    if (other != p.id && !p.request_address.empty() && q.request_address == p.request_address) {
       replaced.push_back(other);
     }
   }

@@ -12,9 +12,9 @@ namespace bus::net::detail {
 namespace {
 
 /// "tcp://host:port" as host and port; false for another form (ipc://, a name without a port).
-bool host_and_port(const std::string& endpoint, std::string& host, std::string& port) {
-  if (endpoint.rfind("tcp://", 0) != 0) return false;
-  absl::string_view rest = absl::string_view(endpoint).substr(6);
+bool host_and_port(const std::string& address, std::string& host, std::string& port) {
+  if (address.rfind("tcp://", 0) != 0) return false;
+  absl::string_view rest = absl::string_view(address).substr(6);
   auto colon = rest.rfind(':');
   if (colon == absl::string_view::npos) return false;
   host = std::string(rest.substr(0, colon));
@@ -40,14 +40,14 @@ void Bridge::offer_link(uint64_t id, const wire::Heartbeat::Reader& hb) {
   shm_.connect(id, std::string(1, '\0') + shm.getSocket().cStr());
 }
 
-std::string Bridge::listened_endpoint(const std::string& endpoint) const {
-  if (static_peers_.contains(endpoint) || found_.contains(endpoint) || kept_.contains(endpoint)) {
-    return endpoint;
+std::string Bridge::listened_address(const std::string& address) const {
+  if (static_peers_.contains(address) || found_.contains(address) || kept_.contains(address)) {
+    return address;
   }
   // A publisher bound to every interface says "tcp://0.0.0.0:7401": on one host, any address of
   // ours with that port reaches it.
   std::string host, port;
-  if (!host_and_port(endpoint, host, port) || !any_address(host)) return "";
+  if (!host_and_port(address, host, port) || !any_address(host)) return "";
   auto match = [&](const std::string& e) {
     std::string h, p;
     return host_and_port(e, h, p) && p == port;
@@ -64,10 +64,10 @@ std::string Bridge::listened_endpoint(const std::string& endpoint) const {
   return "";
 }
 
-std::string Bridge::listening_at(const std::string& endpoint) const {
+std::string Bridge::listening_at(const std::string& address) const {
   const bool listened =
-      static_peers_.contains(endpoint) || found_.contains(endpoint) || kept_.contains(endpoint);
-  return listened ? endpoint : "";
+      static_peers_.contains(address) || found_.contains(address) || kept_.contains(address);
+  return listened ? address : "";
 }
 
 std::vector<std::string> Bridge::topic_filters() const {
@@ -79,7 +79,7 @@ std::vector<std::string> Bridge::topic_filters() const {
   return out;
 }
 
-void Bridge::on_link_up(uint64_t link, uint64_t peer, const std::string& publish_endpoint) {
+void Bridge::on_link_up(uint64_t link, uint64_t peer, const std::string& publish_address) {
   // Its requests go over the link from now on. (Its DEALER stays open: replies to what was sent
   // there before still come back there, and it is the way back should the link go.)
   if (PeerState* p = peers_.find(peer)) {
@@ -90,10 +90,10 @@ void Bridge::on_link_up(uint64_t link, uint64_t peer, const std::string& publish
   }
   // Its topics and heartbeats too, when this node listens to it (see LinkedPublisher): the
   // heartbeats' subscription first, which starts its handover.
-  std::string endpoint = listened_endpoint(publish_endpoint);
-  if (!endpoint.empty()) {
+  std::string address = listened_address(publish_address);
+  if (!address.empty()) {
     LinkedPublisher& lp = linked_[peer];
-    lp.endpoint = endpoint;
+    lp.address = address;
     lp.since = Clock::now();
     for (const std::string& f : topic_filters()) shm_.subscribe(peer, f, true);
   }
@@ -203,14 +203,14 @@ void Bridge::on_link_down(uint64_t link, uint64_t peer, bool died, const std::st
   replay_handover(peer);  // what the link brought before it went, if its handover came
   if (auto it = linked_.find(peer); it != linked_.end()) {
     // Listened to over ZeroMQ again, if it still is a peer of ours (static, or found).
-    std::string endpoint = it->second.endpoint;
+    std::string address = it->second.address;
     const bool moved = !it->second.moving;
     linked_.erase(it);
-    if (moved && (static_peers_.contains(endpoint) || found_.contains(endpoint))) {
+    if (moved && (static_peers_.contains(address) || found_.contains(address))) {
       try {
-        zmq_.listen(Peer{endpoint, ""});
+        zmq_.listen(Peer{address, ""});
       } catch (const std::exception& e) {
-        log_once(absl::StrCat("relisten:", endpoint), e.what());
+        log_once(absl::StrCat("relisten:", address), e.what());
       }
     }
   }

@@ -146,7 +146,7 @@ std::string Bridge::heartbeat_payload(bool leaving, const std::vector<uint64_t>&
   auto hb = builder.initRoot<wire::Heartbeat>();
   hb.setNode(id_);
   hb.setName(opt_.name());
-  hb.setRequestEndpoint(zmq_.request_endpoint());
+  hb.setRequestEndpoint(zmq_.request_address());
   hb.setIntervalMs(static_cast<uint32_t>(opt_.heartbeat().count()));
   hb.setLeaving(leaving);
   hb.setBatches(true);

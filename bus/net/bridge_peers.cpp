@@ -14,13 +14,13 @@ namespace bus::net::detail {
 Membership& Bridge::membership() {
   if (!membership_) {
     membership_ =
-        std::make_unique<Membership>(*this, opt_, zmq_.publish_endpoint(), membership_counters_);
+        std::make_unique<Membership>(*this, opt_, zmq_.publish_address(), membership_counters_);
   }
   return *membership_;
 }
 
 void Bridge::add_peer(const Peer& p) {
-  if (is_host_name(p.endpoint)) {
+  if (is_host_name(p.address)) {
     std::lock_guard lock(membership_mu_);
     if (!stopping_.load()) membership().add_name(p);
     return;
@@ -28,8 +28,8 @@ void Bridge::add_peer(const Peer& p) {
   std::exception_ptr error;
   query([&] {
     try {
-      if (static_peers_.insert(p.endpoint).second) {
-        if (kept_.erase(p.endpoint) == 0) listen(p);  // a kept one is listened to already
+      if (static_peers_.insert(p.address).second) {
+        if (kept_.erase(p.address) == 0) listen(p);  // a kept one is listened to already
       }
     } catch (...) {
       error = std::current_exception();
@@ -40,8 +40,8 @@ void Bridge::add_peer(const Peer& p) {
 }
 
 void Bridge::listen(const Peer& p) {
-  if (!inbox_) return;                                                                   // stopped
-  if (p.endpoint == zmq_.publish_endpoint() || p.endpoint == opt_.publish_on()) return;  // us
+  if (!inbox_) return;                                                                // stopped
+  if (p.address == zmq_.publish_address() || p.address == opt_.publish_on()) return;  // us
   zmq_.listen(p);
 }
 
@@ -49,10 +49,10 @@ void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
   if (!inbox_) return;  // stopped
   absl::flat_hash_set<std::string> now;
   for (const Peer& p : peers) {
-    if (p.endpoint == zmq_.publish_endpoint() || static_peers_.contains(p.endpoint)) continue;
-    now.insert(p.endpoint);
-    auto& sources = found_[p.endpoint];
-    if (kept_.erase(p.endpoint) > 0) {  // listed again: it was listened to all along
+    if (p.address == zmq_.publish_address() || static_peers_.contains(p.address)) continue;
+    now.insert(p.address);
+    auto& sources = found_[p.address];
+    if (kept_.erase(p.address) > 0) {  // listed again: it was listened to all along
       sources.insert(source);
       continue;
     }
@@ -61,7 +61,7 @@ void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
       listen(p);
       ++counters_.members_found;
     } catch (const std::exception& e) {
-      log_once(absl::StrCat("found:", p.endpoint), e.what());
+      log_once(absl::StrCat("found:", p.address), e.what());
     }
   }
   for (auto it = found_.begin(); it != found_.end();) {
@@ -80,14 +80,14 @@ void Bridge::found(const std::string& source, const std::vector<Peer>& peers) {
   }
 }
 
-void Bridge::drop_member(const std::string& endpoint) {
-  if (static_peers_.contains(endpoint)) return;  // given, not found: always listened to
-  zmq_.unlisten(endpoint);
+void Bridge::drop_member(const std::string& address) {
+  if (static_peers_.contains(address)) return;  // given, not found: always listened to
+  zmq_.unlisten(address);
   // Listened to over a shared-memory link instead: not any more (the link stays, for requests,
   // but its heartbeats stop coming, and so it is declared dead like any).
   std::vector<uint64_t> by_link;
   for (const auto& [node, lp] : linked_) {
-    if (lp.endpoint == endpoint) by_link.push_back(node);
+    if (lp.address == address) by_link.push_back(node);
   }
   for (uint64_t node : by_link) {
     for (const std::string& f : topic_filters()) shm_.subscribe(node, f, false);
@@ -96,9 +96,9 @@ void Bridge::drop_member(const std::string& endpoint) {
   ++counters_.members_dropped;
 }
 
-bool Bridge::heard_at(const std::string& endpoint, uint64_t except) const {
+bool Bridge::heard_at(const std::string& address, uint64_t except) const {
   for (const auto& [id, p] : peers_) {
-    if (id != except && !endpoint.empty() && p.publish_endpoint == endpoint) return true;
+    if (id != except && !address.empty() && p.publish_address == address) return true;
   }
   return false;
 }
@@ -107,7 +107,7 @@ MemberRecord Bridge::member_record() const {
   MemberRecord r;
   r.id = id_;
   r.name = opt_.name();
-  r.requests = zmq_.request_endpoint();
+  r.requests = zmq_.request_address();
   r.public_key = opt_.curve_keys().public_key;
   for (const auto& ch : channels_) {
     switch (ch->role) {
@@ -177,7 +177,7 @@ void Bridge::check_peers() {
     // attempt. Our request socket to it goes with forget_peer(); its publisher, at its end,
     // sees our new connection and our subscriptions again.
     if (p.transport == TransportKind::kZmq && !linked_.contains(id)) {
-      std::string e = listening_at(p.publish_endpoint);
+      std::string e = listening_at(p.publish_address);
       // Not a kept one (forget_peer() drops it), nor one a node that took its place speaks on.
       if (!e.empty() && !kept_.contains(e) && !heard_at(e, id)) {
         if (zmq_.relisten(e)) ++counters_.reconnects;
@@ -210,14 +210,14 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why, Forget how) {
   p = peers_.find(id);  // a finished call may have changed the table
   if (p == nullptr) return;
   std::vector<CallBatch> unsent = std::move(p->calls);
-  const std::string endpoint = listening_at(p->publish_endpoint);
+  const std::string address = listening_at(p->publish_address);
   zmq_.close_route(id);
   peers_.erase(id);
   // Kept after etcd dropped it because it was alive: no longer (unless a node that took its
   // place there is).
-  if (kept_.contains(endpoint) && !heard_at(endpoint)) {
-    kept_.erase(endpoint);
-    drop_member(endpoint);
+  if (kept_.contains(address) && !heard_at(address)) {
+    kept_.erase(address);
+    drop_member(address);
   }
   if (how == Forget::kForGood) {
     ledger_.forget_for_good(id);
@@ -242,7 +242,7 @@ void Bridge::update_reachability() {
     for (const auto& [id, p] : peers_) {
       if (PeerTable::serves(p, *ch, true)) {
         direct[ch->name].push_back(
-            {id, p.name, p.request_endpoint, p.public_key, p.transport == TransportKind::kShm});
+            {id, p.name, p.request_address, p.public_key, p.transport == TransportKind::kShm});
       }
     }
   }

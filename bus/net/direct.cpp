@@ -166,14 +166,14 @@ bool DirectLanes::call(std::string_view name, uint64_t type_id, uint64_t reply_t
     if (!dealer) {
       try {
         dealer = make_dealer(ctx_, options_, to.public_key);
-        dealer->connect(to.request_endpoint);
+        dealer->connect(to.request_address);
       } catch (const zmq::error_t& e) {
         dealer.reset();
         lane->dealers.erase(to.id);
         idle_.push_back(std::move(lane));
         done.finish(
             absl::UnavailableError(absl::StrCat("bus.net: cannot call node '", to.name, "' at ",
-                                                to.request_endpoint, ": ", e.what())),
+                                                to.request_address, ": ", e.what())),
             {});
         return true;
       }

@@ -29,7 +29,7 @@ namespace bus::net::detail {
 struct DirectServer {
   uint64_t id = 0;
   std::string name;
-  std::string request_endpoint;
+  std::string request_address;
   std::string public_key;
   bool shm = false;        // linked to this node over shared memory: a lane links to it too
   uint64_t picked_at = 0;  // a call's copy: the generation of the servers it was picked from

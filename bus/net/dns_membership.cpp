@@ -46,7 +46,7 @@ absl::flat_hash_set<std::string> local_addresses() {
   return out;
 }
 
-std::string tcp_endpoint(const tcp::endpoint& e) {
+std::string tcp_address(const tcp::endpoint& e) {
   const std::string a = e.address().to_string();
   return e.address().is_v6() ? absl::StrCat("tcp://[", a, "]:", e.port())
                              : absl::StrCat("tcp://", a, ":", e.port());
@@ -55,9 +55,9 @@ std::string tcp_endpoint(const tcp::endpoint& e) {
 }  // namespace
 
 DnsMembership::DnsMembership(asio::io_context& io, Bridge& bridge, const NodeOptions& options,
-                             const std::string& publish_endpoint, MembershipCounters& counters)
+                             const std::string& publish_address, MembershipCounters& counters)
     : io_(io), bridge_(bridge), opt_(options), counters_(counters), local_(local_addresses()) {
-  split_tcp(publish_endpoint, bound_host_, bound_port_);
+  split_tcp(publish_address, bound_host_, bound_port_);
 }
 
 void DnsMembership::log(const std::string& what) {
@@ -72,7 +72,7 @@ bool DnsMembership::is_self(const tcp::endpoint& e) const {
 
 void DnsMembership::add(const Peer& p) {
   std::string host, port;
-  if (!split_host_name(p.endpoint, host, port)) return;
+  if (!split_host_name(p.address, host, port)) return;
   asio::co_spawn(io_, resolve_loop(p, host, port), asio::detached);
 }
 
@@ -105,7 +105,7 @@ awaitable<void> DnsMembership::resolve_loop(Peer peer, std::string host, std::st
       if (failing) log(absl::StrCat("resolving ", host, " works again"));
       failing = false;
       for (const auto& entry : answer) {
-        if (!is_self(entry.endpoint())) seen[tcp_endpoint(entry.endpoint())] = now;
+        if (!is_self(entry.endpoint())) seen[tcp_address(entry.endpoint())] = now;
       }
     }
     absl::erase_if(seen, [&](const auto& s) { return now - s.second > opt_.dead_after_time(); });

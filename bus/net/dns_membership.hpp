@@ -23,9 +23,9 @@ class Bridge;
 
 class DnsMembership {
  public:
-  /// `publish_endpoint`: what the node's publisher bound (its own address is not a peer).
+  /// `publish_address`: what the node's publisher bound (its own address is not a peer).
   DnsMembership(boost::asio::io_context& io, Bridge& bridge, const NodeOptions& options,
-                const std::string& publish_endpoint, MembershipCounters& counters);
+                const std::string& publish_address, MembershipCounters& counters);
 
   /// Resolves `peer`'s host name again and again from now on (nothing when it is not a name).
   void add(const Peer& peer);

@@ -181,7 +181,7 @@ bool EtcdMembership::member_peer(const std::string& key, const std::string& valu
   capnp::MallocMessageBuilder mb;
   try {
     auto m = client_.decode<ms::Member>(value, mb);
-    if (m.getPublish().size() == 0) throw EtcdError("no publish endpoint");
+    if (m.getPublish().size() == 0) throw EtcdError("no publish address");
     out.peer = Peer{m.getPublish().cStr(), m.getPublicKey().cStr()};
     for (auto c : m.getExports()) out.gives.insert(c.cStr());
     for (auto c : m.getServes()) out.gives.insert(c.cStr());

@@ -30,7 +30,7 @@ class Bridge;
 class EtcdMembership {
  public:
   /// `publish`: what the registration says of this node's publisher (advertised_publish()).
-  /// Throws std::invalid_argument for an etcd endpoint that is not `http://host:port`.
+  /// Throws std::invalid_argument for an etcd address that is not `http://host:port`.
   EtcdMembership(boost::asio::io_context& io, Bridge& bridge, const NodeOptions& options,
                  std::string publish, MembershipCounters& counters);
 
@@ -51,7 +51,7 @@ class EtcdMembership {
     Peer peer;
     absl::flat_hash_set<std::string> gives, takes;  // exports and serves; imports
     bool operator==(const Registered& o) const {
-      return peer.endpoint == o.peer.endpoint && peer.public_key == o.peer.public_key &&
+      return peer.address == o.peer.address && peer.public_key == o.peer.public_key &&
              gives == o.gives && takes == o.takes;
     }
   };

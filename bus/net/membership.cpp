@@ -44,9 +44,9 @@ std::string primary_address() {
 
 }  // namespace
 
-bool split_tcp(const std::string& endpoint, std::string& host, std::string& port) {
-  if (!absl::StartsWith(endpoint, "tcp://")) return false;
-  absl::string_view rest = absl::string_view(endpoint).substr(6);
+bool split_tcp(const std::string& address, std::string& host, std::string& port) {
+  if (!absl::StartsWith(address, "tcp://")) return false;
+  absl::string_view rest = absl::string_view(address).substr(6);
   auto colon = rest.rfind(':');
   if (colon == absl::string_view::npos) return false;
   host = std::string(rest.substr(0, colon));
@@ -61,8 +61,8 @@ bool is_wildcard(const std::string& host) {
   return host == "*" || host == "0.0.0.0" || host == "::" || host.empty();
 }
 
-bool split_host_name(const std::string& endpoint, std::string& host, std::string& port) {
-  if (!split_tcp(endpoint, host, port) || is_wildcard(host)) return false;
+bool split_host_name(const std::string& address, std::string& host, std::string& port) {
+  if (!split_tcp(address, host, port) || is_wildcard(host)) return false;
   boost::system::error_code ec;
   asio::ip::make_address(host, ec);
   return static_cast<bool>(ec);  // not an address: a name
@@ -83,11 +83,11 @@ std::string advertised_publish(const NodeOptions& opt, const std::string& bound)
 }
 
 struct Membership::Impl {
-  Impl(Bridge& bridge, const NodeOptions& options, const std::string& publish_endpoint,
+  Impl(Bridge& bridge, const NodeOptions& options, const std::string& publish_address,
        MembershipCounters& counters)
-      : opt(options), dns(io, bridge, opt, publish_endpoint, counters) {
+      : opt(options), dns(io, bridge, opt, publish_address, counters) {
     if (!opt.etcd().empty()) {
-      etcd.emplace(io, bridge, opt, advertised_publish(opt, publish_endpoint), counters);
+      etcd.emplace(io, bridge, opt, advertised_publish(opt, publish_address), counters);
     }
   }
 
@@ -100,8 +100,8 @@ struct Membership::Impl {
 };
 
 Membership::Membership(Bridge& bridge, const NodeOptions& options,
-                       const std::string& publish_endpoint, MembershipCounters& counters)
-    : impl_(std::make_unique<Impl>(bridge, options, publish_endpoint, counters)) {
+                       const std::string& publish_address, MembershipCounters& counters)
+    : impl_(std::make_unique<Impl>(bridge, options, publish_address, counters)) {
   Impl& m = *impl_;
   for (const Peer& p : options.peers()) m.dns.add(p);
   if (m.etcd) m.etcd->start();

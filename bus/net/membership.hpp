@@ -27,7 +27,7 @@ struct MemberRecord {
 /// The source name etcd's members are found under (Bridge::found).
 inline constexpr char kEtcdSource[] = "etcd";
 
-/// The publish endpoint others should use for this node: advertise_publish() when set, else what
+/// The publish address others should use for this node: advertise_publish() when set, else what
 /// the publisher bound, a wildcard host replaced by advertise()'s host or this host's first
 /// non-loopback IPv4 address. What etcd registers and heartbeats carry.
 std::string advertised_publish(const NodeOptions& options, const std::string& bound);
@@ -52,9 +52,9 @@ struct MembershipCounters {
 /// per name per resolve_every().
 class Membership {
  public:
-  /// `publish_endpoint`: what the node's publisher bound (a wildcard host is replaced by the
+  /// `publish_address`: what the node's publisher bound (a wildcard host is replaced by the
   /// address others should use, see NodeOptions::advertise_publish()).
-  Membership(Bridge& bridge, const NodeOptions& options, const std::string& publish_endpoint,
+  Membership(Bridge& bridge, const NodeOptions& options, const std::string& publish_address,
              MembershipCounters& counters);
   ~Membership();
   Membership(const Membership&) = delete;
@@ -74,15 +74,15 @@ class Membership {
 };
 
 /// `tcp://host:port` -> host and port (false for other transports).
-bool split_tcp(const std::string& endpoint, std::string& host, std::string& port);
+bool split_tcp(const std::string& address, std::string& host, std::string& port);
 /// A host that stands for every interface (`*`, 0.0.0.0, ::, or none).
 bool is_wildcard(const std::string& host);
 /// `tcp://host:port` whose host is a name (not an address, not `*`), split into its parts.
-bool split_host_name(const std::string& endpoint, std::string& host, std::string& port);
+bool split_host_name(const std::string& address, std::string& host, std::string& port);
 /// split_host_name() without the parts.
-inline bool is_host_name(const std::string& endpoint) {
+inline bool is_host_name(const std::string& address) {
   std::string host, port;
-  return split_host_name(endpoint, host, port);
+  return split_host_name(address, host, port);
 }
 
 }  // namespace bus::net::detail

@@ -19,7 +19,7 @@ std::vector<PeerInfo> Bridge::peers() const {
     PeerInfo i;
     i.id = id;
     i.name = p.name;
-    i.request_endpoint = p.request_endpoint;
+    i.request_address = p.request_address;
     auto info = [](const ChannelDesc& c, bool served) {
       ChannelInfo ci;
       ci.name = c.name;
@@ -92,8 +92,8 @@ Node::Node(Bus& bus, NodeOptions options)
     : bridge_(std::make_unique<detail::Bridge>(bus, std::move(options))) {}
 Node::~Node() { stop(); }
 void Node::stop() { bridge_->stop(); }
-Node& Node::peer(std::string endpoint, std::string public_key) {
-  bridge_->add_peer(Peer{std::move(endpoint), std::move(public_key)});
+Node& Node::peer(std::string address, std::string public_key) {
+  bridge_->add_peer(Peer{std::move(address), std::move(public_key)});
   return *this;
 }
 Node& Node::add(std::unique_ptr<detail::Bridged> channel) {
@@ -101,8 +101,8 @@ Node& Node::add(std::unique_ptr<detail::Bridged> channel) {
   return *this;
 }
 uint64_t Node::id() const { return bridge_->id(); }
-std::string Node::publish_endpoint() const { return bridge_->publish_endpoint(); }
-std::string Node::request_endpoint() const { return bridge_->request_endpoint(); }
+std::string Node::publish_address() const { return bridge_->publish_address(); }
+std::string Node::request_address() const { return bridge_->request_address(); }
 std::vector<PeerInfo> Node::peers() const {
   return bridge_->query([this] { return bridge_->peers(); });
 }

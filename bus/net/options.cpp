@@ -56,7 +56,7 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
       o.advertise(value);
     } else if (key == "peer") {
       std::vector<std::string> parts = absl::StrSplit(value, ' ', absl::SkipWhitespace());
-      if (parts.empty() || parts.size() > 2) return fail("peer = <endpoint> [public key]");
+      if (parts.empty() || parts.size() > 2) return fail("peer = <address> [public key]");
       o.peer(parts[0], parts.size() == 2 ? parts[1] : "");
     } else if (key == "advertise_publish") {
       o.advertise_publish(value);
@@ -167,10 +167,10 @@ absl::StatusOr<NodeOptions> NodeOptions::parse(std::string_view config) {
   if (!etcd.empty()) {
     o.etcd(std::move(etcd), std::move(etcd_prefix));
   } else if (etcd_prefix != "/bus/") {
-    return absl::InvalidArgumentError("node config: etcd_prefix needs `etcd = <endpoint>`");
+    return absl::InvalidArgumentError("node config: etcd_prefix needs `etcd = <url>`");
   }
   if (o.publish_on().empty()) {
-    return absl::InvalidArgumentError("node config: `publish = <endpoint>` is required");
+    return absl::InvalidArgumentError("node config: `publish = <address>` is required");
   }
   return o;
 }

@@ -40,8 +40,8 @@ enum class TransportKind { kZmq, kShm };
 struct PeerState {
   uint64_t id = 0;
   std::string name;
-  std::string request_endpoint;
-  std::string publish_endpoint;  // as its heartbeats say: where others should reach it
+  std::string request_address;
+  std::string publish_address;  // as its heartbeats say: where others should reach it
   std::string public_key;
   std::chrono::milliseconds interval{0};
   Clock::time_point last_seen;  // when a frame of any kind last came from it

@@ -158,11 +158,11 @@ namespace bus::detail {
 
 void* alloc_shared_buffer(std::size_t bytes) {
   if (void* p = net::detail::ShmHeap::instance().allocate(bytes)) return p;
-  return pool_alloc(bytes);
+  return alloc_recycled(bytes);
 }
 
 void free_shared_buffer(void* p, std::size_t bytes) {
-  if (!net::detail::ShmHeap::instance().deallocate(p)) pool_free(p, bytes);
+  if (!net::detail::ShmHeap::instance().deallocate(p)) free_recycled(p, bytes);
 }
 
 }  // namespace bus::detail

@@ -40,9 +40,9 @@ struct SocketMessage {
   uint32_t extent;   // extent: its index
   uint32_t reason;   // bye
   uint64_t bytes;    // extent: its size
-  uint32_t endpoint_bytes;
+  uint32_t address_bytes;
   uint32_t reserved;
-  char endpoint[256];  // hello: where the sender's publisher listens
+  char address[256];  // hello: where the sender's publisher listens
 };
 
 /// A failpoint for the crash tests: with BUS_NET_FAILPOINT=shm-die-mid-frame:N in its
@@ -192,8 +192,7 @@ ShmLink::~ShmLink() {
   if (peer_wake_fd_ >= 0) ::close(peer_wake_fd_);
 }
 
-absl::Status ShmLink::send_hello(Verdict verdict, const std::string& publish_endpoint,
-                                 int wake_fd) {
+absl::Status ShmLink::send_hello(Verdict verdict, const std::string& publish_address, int wake_fd) {
   SocketMessage m{};
   m.magic = shm::kMagic;
   m.version = shm::kVersion;
@@ -201,8 +200,8 @@ absl::Status ShmLink::send_hello(Verdict verdict, const std::string& publish_end
   m.node = self_;
   m.role = static_cast<uint32_t>(role_);
   m.verdict = static_cast<uint32_t>(verdict);
-  m.endpoint_bytes = static_cast<uint32_t>(std::min(publish_endpoint.size(), sizeof m.endpoint));
-  if (m.endpoint_bytes != 0) std::memcpy(m.endpoint, publish_endpoint.data(), m.endpoint_bytes);
+  m.address_bytes = static_cast<uint32_t>(std::min(publish_address.size(), sizeof m.address));
+  if (m.address_bytes != 0) std::memcpy(m.address, publish_address.data(), m.address_bytes);
   int fds[2] = {-1, -1};
   int nfds = 0;
   if (verdict == Verdict::kWelcome) {
@@ -239,7 +238,7 @@ absl::StatusOr<ShmLink::Hello> ShmLink::read_hello(int sock) {
   h.node = m.node;
   h.role = m.role == static_cast<uint32_t>(Role::kLane) ? Role::kLane : Role::kBridge;
   h.verdict = static_cast<Verdict>(m.verdict);
-  h.publish_endpoint.assign(m.endpoint, std::min<std::size_t>(m.endpoint_bytes, sizeof m.endpoint));
+  h.publish_address.assign(m.address, std::min<std::size_t>(m.address_bytes, sizeof m.address));
   h.segment_fd = nfds > 0 ? fds[0] : -1;
   h.wake_fd = nfds > 1 ? fds[1] : -1;
   ucred cred{};
@@ -291,7 +290,7 @@ absl::Status ShmLink::attach(Hello& hello) {
   peer_ = hello.node;
   peer_role_ = hello.role;
   peer_pid_ = hello.pid;
-  peer_publish_ = hello.publish_endpoint;
+  peer_publish_ = hello.publish_address;
   peer_wake_fd_ = hello.wake_fd;
   hello.wake_fd = -1;
   writer_ = shm::RingWriter(ours_header(), ours_->data() + shm::kHeaderBytes,

@@ -60,16 +60,16 @@ class ShmLink {
     uint64_t node = 0;
     Role role = Role::kBridge;
     Verdict verdict = Verdict::kWelcome;
-    std::string publish_endpoint;  // where its publisher listens (bridges)
-    int segment_fd = -1;           // taken by attach()
-    int wake_fd = -1;              // taken by attach()
-    pid_t pid = 0;                 // the kernel's word (SO_PEERCRED), not the peer's
+    std::string publish_address;  // where its publisher listens (bridges)
+    int segment_fd = -1;          // taken by attach()
+    int wake_fd = -1;             // taken by attach()
+    pid_t pid = 0;                // the kernel's word (SO_PEERCRED), not the peer's
     uid_t uid = 0;
     gid_t gid = 0;
     std::vector<gid_t> groups;  // supplementary (SO_PEERGROUPS)
   };
   /// Sends our hello (or, acceptor, our answer) with our segment and `wake_fd` (-1: none).
-  absl::Status send_hello(Verdict verdict, const std::string& publish_endpoint, int wake_fd);
+  absl::Status send_hello(Verdict verdict, const std::string& publish_address, int wake_fd);
   /// Reads the other end's hello, without waiting: Unavailable when none came yet.
   absl::StatusOr<Hello> receive_hello();
   /// receive_hello() on a socket that has no link yet (an acceptor's, before it makes one).
@@ -84,7 +84,7 @@ class ShmLink {
   Role peer_role() const { return peer_role_; }
   pid_t peer_pid() const { return peer_pid_; }
   int socket() const { return sock_; }
-  const std::string& peer_publish_endpoint() const { return peer_publish_; }
+  const std::string& peer_publish_address() const { return peer_publish_; }
 
   // ---- our ring ----------------------------------------------------------------------------
 

@@ -33,9 +33,9 @@ ShmTransport::~ShmTransport() {
   if (listener_ >= 0) ::close(listener_);
 }
 
-void ShmTransport::start(int wake_fd, std::string publish_endpoint) {
+void ShmTransport::start(int wake_fd, std::string publish_address) {
   wake_fd_ = wake_fd;
-  publish_endpoint_ = std::move(publish_endpoint);
+  publish_address_ = std::move(publish_address);
   int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s < 0) throw std::runtime_error(absl::StrCat("bus.net: socket: ", std::strerror(errno)));
   sockaddr_un addr{};
@@ -95,8 +95,7 @@ void ShmTransport::connect(uint64_t node, const std::string& name) {
   if (!sock.ok()) return fail(sock.status());
   auto link = ShmLink::make(*sock, id_, ShmLink::Role::kBridge, settings_);
   if (!link.ok()) return fail(link.status());
-  if (absl::Status st =
-          (*link)->send_hello(ShmLink::Verdict::kWelcome, publish_endpoint_, wake_fd_);
+  if (absl::Status st = (*link)->send_hello(ShmLink::Verdict::kWelcome, publish_address_, wake_fd_);
       !st.ok()) {
     return fail(st);
   }
@@ -176,13 +175,13 @@ void ShmTransport::finish_accept(Link& l) {
   l.link = std::move(*link);
   if (verdict != ShmLink::Verdict::kWelcome) {
     close_fds();
-    (void)l.link->send_hello(verdict, publish_endpoint_, -1);
+    (void)l.link->send_hello(verdict, publish_address_, -1);
     l.dead = true;
     dead_.push_back(l.id);
     return;
   }
   if (absl::Status st = l.link->attach(*hello); !st.ok()) {
-    (void)l.link->send_hello(ShmLink::Verdict::kRefused, publish_endpoint_, -1);
+    (void)l.link->send_hello(ShmLink::Verdict::kRefused, publish_address_, -1);
     ++sink_.counters().shm_corrupt;
     sink_.log_once(absl::StrCat("shm-attach:", l.node),
                    absl::StrCat("refused node ", absl::Hex(l.node), "'s link: ", st.message()));
@@ -190,7 +189,7 @@ void ShmTransport::finish_accept(Link& l) {
     dead_.push_back(l.id);
     return;
   }
-  if (!l.link->send_hello(ShmLink::Verdict::kWelcome, publish_endpoint_, wake_fd_).ok()) {
+  if (!l.link->send_hello(ShmLink::Verdict::kWelcome, publish_address_, wake_fd_).ok()) {
     l.dead = true;
     dead_.push_back(l.id);
     return;
@@ -241,7 +240,7 @@ void ShmTransport::up(Link& l) {
   by_node_[l.node] = l.id;
   l.route = std::make_unique<Route>(*this, l);
   ++sink_.counters().shm_links;
-  events_.on_link_up(l.id, l.node, l.link->peer_publish_endpoint());
+  events_.on_link_up(l.id, l.node, l.link->peer_publish_address());
 }
 
 void ShmTransport::drop(Link& l, bool died, const std::string& why) {

@@ -30,7 +30,7 @@ class ShmTransport {
   class Events {
    public:
     /// A link to bridge node `peer` is up (whoever made it): `link` reaches its requests.
-    virtual void on_link_up(uint64_t link, uint64_t peer, const std::string& publish_endpoint) = 0;
+    virtual void on_link_up(uint64_t link, uint64_t peer, const std::string& publish_address) = 0;
     /// The link to `peer` is gone: `died` when its process ended (no goodbye came first).
     /// `publisher` (the link's subscriber) goes with it.
     virtual void on_link_down(uint64_t link, uint64_t peer, bool died, const std::string& why,
@@ -43,9 +43,9 @@ class ShmTransport {
   ShmTransport(const NodeOptions& options, uint64_t node_id, FrameSink& sink, Events& events);
   ~ShmTransport();
 
-  /// Listens for links (after the node's publisher is bound: its endpoint goes in hellos).
+  /// Listens for links (after the node's publisher is bound: its address goes in hellos).
   /// Throws std::runtime_error when the socket cannot be bound.
-  void start(int wake_fd, std::string publish_endpoint);
+  void start(int wake_fd, std::string publish_address);
   /// Says goodbye on every link and closes them.
   void close();
   bool on() const { return listener_ >= 0; }
@@ -139,7 +139,7 @@ class ShmTransport {
   ShmSettings settings_;
   int listener_ = -1;
   int wake_fd_ = -1;
-  std::string publish_endpoint_;
+  std::string publish_address_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Link>> links_;  // by link id
   absl::flat_hash_map<uint64_t, uint64_t> by_node_;             // bridge node -> link id
   absl::flat_hash_set<uint64_t> refused_;  // nodes that failed a link: ZeroMQ from now on

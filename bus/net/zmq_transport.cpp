@@ -54,12 +54,12 @@ ZmqTransport::~ZmqTransport() = default;
 Subscribers& ZmqTransport::publisher() { return *publisher_; }
 
 void ZmqTransport::start() {
-  auto bind = [](zmq::socket_t& s, const std::string& endpoint, const char* what) {
+  auto bind = [](zmq::socket_t& s, const std::string& address, const char* what) {
     try {
-      s.bind(endpoint);
+      s.bind(address);
     } catch (const zmq::error_t& e) {
       throw std::runtime_error(absl::StrCat("bus.net: cannot bind the ", what, " socket to ",
-                                            endpoint, ": ", e.what(),
+                                            address, ": ", e.what(),
                                             " (is the address in use or malformed?)"));
     }
     return s.get(zmq::sockopt::last_endpoint);
@@ -100,7 +100,7 @@ void ZmqTransport::start() {
     xpub_->set(zmq::sockopt::heartbeat_timeout, static_cast<int>(timeout.count()));
   }
   server(*xpub_);
-  publish_endpoint_ = bind(*xpub_, opt_.publish_on(), "publisher");
+  publish_address_ = bind(*xpub_, opt_.publish_on(), "publisher");
 
   router_.emplace(ctx_, zmq::socket_type::router);
   // Without MANDATORY a reply to a requester that went away is dropped silently.
@@ -114,7 +114,7 @@ void ZmqTransport::start() {
   server(*router_);
   if (!opt_.requests_on().empty()) {
     std::string bound = bind(*router_, opt_.requests_on(), "request");
-    request_endpoint_ = opt_.advertise().empty() ? bound : opt_.advertise();
+    request_address_ = opt_.advertise().empty() ? bound : opt_.advertise();
   }
 
   sub_.emplace(ctx_, zmq::socket_type::sub);
@@ -151,14 +151,14 @@ void ZmqTransport::listen(const Peer& p) {
   if (opt_.secure()) {
     if (p.public_key.empty()) {
       throw std::invalid_argument(
-          absl::StrCat("bus.net: CURVE is on but peer ", p.endpoint,
-                       " has no public key: give it as NodeOptions::peer(endpoint, public_key)"));
+          absl::StrCat("bus.net: CURVE is on but peer ", p.address,
+                       " has no public key: give it as NodeOptions::peer(address, public_key)"));
     }
     if (!allowed(p.public_key)) {
       // The allowlist holds both ways: a peer we would not let in, we do not listen to either.
       ++sink_.counters().auth_denied;
       sink_.log_once(absl::StrCat("peer-key:", p.public_key),
-                     absl::StrCat("not listening to peer ", p.endpoint, ": its key '", p.public_key,
+                     absl::StrCat("not listening to peer ", p.address, ": its key '", p.public_key,
                                   "' is not in the allowlist"));
       return;
     }
@@ -166,33 +166,33 @@ void ZmqTransport::listen(const Peer& p) {
   }
   touched(sub_->handle());
   try {
-    sub_->connect(p.endpoint);
+    sub_->connect(p.address);
   } catch (const zmq::error_t& e) {
     throw std::invalid_argument(
-        absl::StrCat("bus.net: bad peer endpoint ", p.endpoint, ": ", e.what()));
+        absl::StrCat("bus.net: bad peer address ", p.address, ": ", e.what()));
   }
-  listened_[p.endpoint] = p.public_key;
+  listened_[p.address] = p.public_key;
 }
 
-void ZmqTransport::unlisten(const std::string& endpoint) {
-  listened_.erase(endpoint);
+void ZmqTransport::unlisten(const std::string& address) {
+  listened_.erase(address);
   try {
-    sub_->disconnect(endpoint);
+    sub_->disconnect(address);
   } catch (const zmq::error_t&) {
     // Never connected (refused by the allowlist, or not listened to): nothing to undo.
   }
   touched(sub_->handle());
 }
 
-bool ZmqTransport::relisten(const std::string& endpoint) {
-  auto it = listened_.find(endpoint);
+bool ZmqTransport::relisten(const std::string& address) {
+  auto it = listened_.find(address);
   if (it == listened_.end()) return false;
-  const Peer p{endpoint, it->second};
+  const Peer p{address, it->second};
   // zmq_disconnect ends the session, its pipe and its engine together: the new connection gets
   // a session of its own. (A reconnect inside one session after the engine failed while the
   // pipe was full is what aborts libzmq 4.3.4: see subscriber_timeout.) listen() cannot refuse
-  // what it took before: same endpoint, same key.
-  unlisten(endpoint);
+  // what it took before: same address, same key.
+  unlisten(address);
   listen(p);
   return true;
 }
@@ -218,15 +218,15 @@ bool ZmqTransport::input_waiting(const PeerState& p, bool behind, uint64_t topic
 // ---- routes to peers' request sockets -------------------------------------------------------
 
 PeerRoute* ZmqTransport::open_route(uint64_t peer, const std::string& name,
-                                    const std::string& endpoint, const std::string& public_key) {
+                                    const std::string& address, const std::string& public_key) {
   auto dealer = make_dealer(ctx_, opt_, public_key);
   touched(dealer->handle());
   try {
-    dealer->connect(endpoint);
+    dealer->connect(address);
   } catch (const zmq::error_t& e) {
     sink_.log_once(
-        absl::StrCat("connect:", endpoint),
-        absl::StrCat("cannot connect to node '", name, "' at ", endpoint, ": ", e.what()));
+        absl::StrCat("connect:", address),
+        absl::StrCat("cannot connect to node '", name, "' at ", address, ": ", e.what()));
     return nullptr;
   }
   auto& r = routes_[peer];

@@ -64,25 +64,25 @@ class ZmqTransport {
   ZmqTransport(const NodeOptions& options, uint64_t node_id, FrameSink& sink);
   ~ZmqTransport();
 
-  /// Binds the publisher and request sockets. Throws std::runtime_error naming the endpoint.
+  /// Binds the publisher and request sockets. Throws std::runtime_error naming the address.
   void start();
   /// Closes every socket and the context (waits up to the linger for queued frames).
   void close();
   zmq::context_t& context() { return ctx_; }
-  const std::string& publish_endpoint() const { return publish_endpoint_; }
-  const std::string& request_endpoint() const { return request_endpoint_; }
+  const std::string& publish_address() const { return publish_address_; }
+  const std::string& request_address() const { return request_address_; }
 
   // ---- listening to publishers -----------------------------------------------------------
 
-  /// Connects the subscriber to `peer`'s publisher. Throws std::invalid_argument for an endpoint
+  /// Connects the subscriber to `peer`'s publisher. Throws std::invalid_argument for an address
   /// ZeroMQ refuses or a CURVE peer without a key; a key not in the allowlist is not listened to.
   void listen(const Peer& peer);
-  /// Disconnects the subscriber from `endpoint` (nothing when it was not connected).
-  void unlisten(const std::string& endpoint);
-  /// A new connection to the publisher listened to at `endpoint` (with the key it was listened
+  /// Disconnects the subscriber from `address` (nothing when it was not connected).
+  void unlisten(const std::string& address);
+  /// A new connection to the publisher listened to at `address` (with the key it was listened
   /// with) in place of the one there is: what the old one still held unread is dropped (counted
   /// as gaps by the sequence numbers). False (and the old one kept) when it is not listened to.
-  bool relisten(const std::string& endpoint);
+  bool relisten(const std::string& address);
   /// Takes (or stops taking) topic messages whose channel starts with `prefix`.
   void filter(const std::string& prefix, bool on);
   /// True while the subscriber holds frames not read yet (this node is behind).
@@ -94,8 +94,8 @@ class ZmqTransport {
 
   // ---- requests, replies, publishing -----------------------------------------------------
 
-  /// A DEALER to `peer`'s ROUTER at `endpoint`; null (logged) when ZeroMQ refuses the endpoint.
-  PeerRoute* open_route(uint64_t peer, const std::string& name, const std::string& endpoint,
+  /// A DEALER to `peer`'s ROUTER at `address`; null (logged) when ZeroMQ refuses the address.
+  PeerRoute* open_route(uint64_t peer, const std::string& name, const std::string& address,
                         const std::string& public_key);
   /// Closes the DEALER to `peer`; what its backlog still held is counted as refused.
   void close_route(uint64_t peer);
@@ -151,14 +151,14 @@ class ZmqTransport {
   zmq::context_t ctx_;
   std::optional<zmq::socket_t> xpub_, sub_, router_, zap_;
   std::unique_ptr<Publisher> publisher_;
-  std::string publish_endpoint_;
-  std::string request_endpoint_;
+  std::string publish_address_;
+  std::string request_address_;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Route>> routes_;  // by peer id
   std::size_t backlogged_ = 0;                                    // messages in routes' backlogs
   // Reply frames the ROUTER did not take yet, with the replies each holds.
   std::deque<std::pair<Parts, std::size_t>> reply_backlog_;
   absl::flat_hash_map<std::string, std::size_t> subscribers_;  // remote ones, through XPUB
-  absl::flat_hash_map<std::string, std::string> listened_;     // endpoint -> its CURVE key
+  absl::flat_hash_map<std::string, std::string> listened_;     // address -> its CURVE key
   std::vector<void*> touched_;  // sockets to ask for their events before the next poll
   bool ask_all_ = false;
   Parts parts_;

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <limits>
 
-#include "bus/detail/pool.hpp"
+#include "bus/detail/buffers.hpp"
 #include "zmq_transport.hpp"
 #include "zmq_transport_senders.hpp"
 
@@ -23,24 +23,24 @@ namespace {
 #endif
 #if defined(BUS_TSAN)
 // ZeroMQ hands frames to its I/O thread through pipes TSan cannot see (tests/tsan.supp): a
-// pooled buffer freed there and reused here would be reported as a race. Under TSan, frames are
+// recycled buffer freed there and reused here would be reported as a race. Under TSan, frames are
 // ZeroMQ's own copies (allocated and freed inside libzmq, which the suppressions cover).
-constexpr std::size_t kPooledFrame = std::numeric_limits<std::size_t>::max();
+constexpr std::size_t kRecycledFrom = std::numeric_limits<std::size_t>::max();
 #else
-constexpr std::size_t kPooledFrame = 256;
+constexpr std::size_t kRecycledFrom = 256;
 #endif
 
 zmq::message_t frame(std::string_view bytes) {
   // Small frames: ZeroMQ keeps them inside the message itself.
-  if (bytes.size() < kPooledFrame) return zmq::message_t(bytes.data(), bytes.size());
-  // The rest: a pooled buffer that ZeroMQ's I/O thread frees once sent, so the buffers cycle
-  // between the two threads instead of growing and trimming the heap (see bus/detail/pool.hpp).
-  void* p = bus::detail::pool_alloc(bytes.size());
+  if (bytes.size() < kRecycledFrom) return zmq::message_t(bytes.data(), bytes.size());
+  // The rest: a recycled buffer that ZeroMQ's I/O thread frees once sent, so the buffers cycle
+  // between the two threads instead of growing and trimming the heap (see bus/detail/buffers.hpp).
+  void* p = bus::detail::alloc_recycled(bytes.size());
   std::memcpy(p, bytes.data(), bytes.size());
   return zmq::message_t(
       p, bytes.size(),
       [](void* data, void* size) {
-        bus::detail::pool_free(data, reinterpret_cast<std::size_t>(size));
+        bus::detail::free_recycled(data, reinterpret_cast<std::size_t>(size));
       },
       reinterpret_cast<void*>(bytes.size()));
 }

@@ -11,7 +11,7 @@
 
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7411", "where this node publishes");
 ABSL_FLAG(std::string, requests, "tcp://127.0.0.1:7412", "where this node takes requests");
-ABSL_FLAG(std::string, peers, "", "comma-separated publish endpoints of the other nodes");
+ABSL_FLAG(std::string, peers, "", "comma-separated publish addresses of the other nodes");
 
 using namespace demo_app;
 using namespace std::chrono_literals;
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
                                         absl::GetFlag(FLAGS_requests), absl::GetFlag(FLAGS_peers)));
   node.import_topic(readings).export_endpoint(stats);
   std::printf("[aggregator] serving %s on %s\n", stats.name().c_str(),
-              node.request_endpoint().c_str());
+              node.request_address().c_str());
 
   auto report = std::chrono::steady_clock::now() + 1s;
   while (!stop_requested) {

@@ -10,7 +10,7 @@
 #include "demo.hpp"
 
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7401", "where this node publishes");
-ABSL_FLAG(std::string, peers, "", "comma-separated publish endpoints of the other nodes");
+ABSL_FLAG(std::string, peers, "", "comma-separated publish addresses of the other nodes");
 ABSL_FLAG(int, rate, 200, "readings per second");
 ABSL_FLAG(int, sensors, 3, "number of sensors");
 

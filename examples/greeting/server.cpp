@@ -35,7 +35,7 @@ ABSL_FLAG(size_t, max_in_flight, 256,
 ABSL_FLAG(size_t, ring_kib, 64, "ring size between two threads of the bus, KiB");
 ABSL_FLAG(bool, direct, false, "answer on the I/O thread, without the bus");
 ABSL_FLAG(std::string, peers, "",
-          "publish endpoints of nodes serving the endpoints (empty: serve them here)");
+          "publish addresses of nodes serving the endpoints (empty: serve them here)");
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7500", "where this node publishes (--peers)");
 ABSL_FLAG(std::string, web, GREETING_WEB_DIR, "folder of the web page served at GET /");
 ABSL_FLAG(std::string, swagger_ui, SWAGGER_UI_DIR,

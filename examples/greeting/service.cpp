@@ -1,5 +1,5 @@
 // The greeting service in its own process: serves "greeting" and "myservice.ping" to the bus
-// over the bridge (greeting_server --peers <this node's publish endpoint> calls it).
+// over the bridge (greeting_server --peers <this node's publish address> calls it).
 #include <absl/flags/flag.h>
 #include <absl/flags/parse.h>
 #include <absl/strings/str_split.h>
@@ -16,7 +16,7 @@
 
 ABSL_FLAG(std::string, publish, "tcp://127.0.0.1:7501", "where this node publishes");
 ABSL_FLAG(std::string, requests, "tcp://127.0.0.1:7502", "where this node takes requests");
-ABSL_FLAG(std::string, peers, "tcp://127.0.0.1:7500", "publish endpoints of the other nodes");
+ABSL_FLAG(std::string, peers, "tcp://127.0.0.1:7500", "publish addresses of the other nodes");
 ABSL_FLAG(unsigned, executors, 1, "bus executors");
 
 using namespace greeting_app;
@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   bus::net::Node node(bus, o);
   node.export_endpoint(greet).export_endpoint(ping);
   std::printf("[greeting-service] serving greeting and myservice.ping on %s\n",
-              node.request_endpoint().c_str());
+              node.request_address().c_str());
   while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   node.stop();
   return 0;

@@ -331,8 +331,8 @@ TEST(Bridge, RouteIsAnsweredThroughTheBridgeAndHealthListsThePeer) {
   bus::Bus front_bus{bus::Options().executors(1)};
   bus::net::Node service_node{service_bus, local_node("svc")};
   bus::net::Node front_node{front_bus, local_node("front")};
-  service_node.peer(front_node.publish_endpoint());
-  front_node.peer(service_node.publish_endpoint());
+  service_node.peer(front_node.publish_address());
+  front_node.peer(service_node.publish_address());
   bus::Subscription greeter = service_bus.serve(greet, hello);
   service_node.export_endpoint(greet);
   front_node.import_endpoint(greet);

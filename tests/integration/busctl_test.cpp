@@ -241,9 +241,9 @@ TEST(BusctlCurve, JoinsASecuredBusWithAnAllowedKeyAndIsTurnedAwayWithout) {
                              "--serve"});
   ASSERT_TRUE(server.ready());
   std::string good =
-      write_config("busctl-allowed.conf", server.publish_endpoint(), node.public_key, mine);
+      write_config("busctl-allowed.conf", server.publish_address(), node.public_key, mine);
   std::string bad =
-      write_config("busctl-stranger.conf", server.publish_endpoint(), node.public_key, stranger);
+      write_config("busctl-stranger.conf", server.publish_address(), node.public_key, stranger);
   auto busctl = [&](std::vector<std::string> args, std::string* out) {
     std::vector<std::string> argv = {BUSCTL, "--schema=" + std::string(DEMO_SCHEMA)};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -269,7 +269,7 @@ TEST(BusctlCurve, JoinsASecuredBusWithAnAllowedKeyAndIsTurnedAwayWithout) {
   EXPECT_EQ(busctl({"--config=" + good, "--peer=tcp://127.0.0.1:1", "peers"}, &out), 1) << out;
   EXPECT_TRUE(has(out, "every peer needs its public key")) << out;
   // ...and neither can a config peer without one.
-  std::string keyless = write_config("busctl-keyless.conf", server.publish_endpoint(), "", mine);
+  std::string keyless = write_config("busctl-keyless.conf", server.publish_address(), "", mine);
   EXPECT_EQ(busctl({"--config=" + keyless, "peers"}, &out), 1) << out;
   EXPECT_TRUE(has(out, "has no public key")) << out;
   // A config file that is not there.

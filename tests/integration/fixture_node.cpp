@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
     options.subscriber_timeout(std::chrono::milliseconds(f.subscriber_timeout_ms));
   }
   if (!f.curve.secret_key.empty()) options.curve(f.curve, f.allow);
-  for (const auto& p : f.peers) options.peer(p.endpoint, p.public_key);
+  for (const auto& p : f.peers) options.peer(p.address, p.public_key);
   if (!f.etcd.empty()) options.etcd(f.etcd, f.etcd_prefix).etcd_related_only(f.etcd_related_only);
   if (!f.advertise_publish.empty()) options.advertise_publish(f.advertise_publish);
   if (f.resolve_every_ms > 0) options.resolve_every(std::chrono::milliseconds(f.resolve_every_ms));
@@ -322,8 +322,8 @@ int main(int argc, char** argv) {
                         .exchange(std::chrono::milliseconds(f.limit_exchange_ms)));
   }
 
-  say(absl::StrCat("ready id=", node->id(), " publish=", node->publish_endpoint(), " requests=",
-                   node->request_endpoint().empty() ? "-" : node->request_endpoint()));
+  say(absl::StrCat("ready id=", node->id(), " publish=", node->publish_address(),
+                   " requests=", node->request_address().empty() ? "-" : node->request_address()));
 
   uint64_t next_seq = 0;
   // The sensor field carries the padding (after a '#'), so that readings are about

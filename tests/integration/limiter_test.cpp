@@ -33,9 +33,9 @@ class SharedLimit : public testing::Test {
     c.emplace(cat(limiter_flags("c"), {a->as_peer(), b->as_peer()}));
     ASSERT_TRUE(c->ready());
     // Everyone listens to everyone.
-    ASSERT_EQ(a->ask("peer " + b->publish_endpoint()).word, "peered");
-    ASSERT_EQ(a->ask("peer " + c->publish_endpoint()).word, "peered");
-    ASSERT_EQ(b->ask("peer " + c->publish_endpoint()).word, "peered");
+    ASSERT_EQ(a->ask("peer " + b->publish_address()).word, "peered");
+    ASSERT_EQ(a->ask("peer " + c->publish_address()).word, "peered");
+    ASSERT_EQ(b->ask("peer " + c->publish_address()).word, "peered");
     for (auto* n : nodes()) ASSERT_EQ(n->ask("wait-peers 2").num("n"), 2u);
   }
 

@@ -61,7 +61,7 @@ TEST_F(EtcdMembership, NodesFindEachOtherAndATopicCrossesWithoutPeerLists) {
   const std::string value = etcd.get(sub2_key);
   EXPECT_THAT(value, HasSubstr("\"name\":\"sub2\"")) << value;
   EXPECT_THAT(value, HasSubstr("\"serves\":[\"integ.stats\"]")) << value;
-  EXPECT_THAT(value, HasSubstr(sub2->publish_endpoint())) << value;
+  EXPECT_THAT(value, HasSubstr(sub2->publish_address())) << value;
 
   ASSERT_EQ(pub->ask("wait-subscribers 2").num("n"), 2u);
   ASSERT_EQ(pub->ask("publish 1000").num("refused"), 0u);

@@ -110,7 +110,7 @@ TEST(MistypedMessage, ARequestOfAnotherTypeOnTheWireIsRefusedByTheServer) {
   zmq::context_t ctx;
   zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
   dealer.set(zmq::sockopt::linger, 0);
-  dealer.connect(server.request_endpoint());
+  dealer.connect(server.request_address());
   dealer.send(zmq::buffer(std::string_view(integ::kStats)), zmq::send_flags::sndmore);
   dealer.send(zmq::buffer(envelope), zmq::send_flags::sndmore);
   dealer.send(zmq::buffer(payload), zmq::send_flags::none);

@@ -68,7 +68,7 @@ NodeProcess::NodeProcess(std::vector<std::string> flags, std::vector<std::string
   requests_ = a.str("requests") == "-" ? "" : a.str("requests");
 }
 
-std::vector<std::string> NodeProcess::same_endpoints() const {
+std::vector<std::string> NodeProcess::same_addresses() const {
   std::vector<std::string> f{absl::StrCat("--publish-on=", publish_)};
   if (!requests_.empty()) f.push_back(absl::StrCat("--requests-on=", requests_));
   return f;

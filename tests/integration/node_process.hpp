@@ -41,11 +41,11 @@ class NodeProcess {
   bool ready() const { return ready_; }
   uint64_t id() const { return id_; }
   pid_t pid() const { return child_.pid(); }
-  const std::string& publish_endpoint() const { return publish_; }
-  const std::string& request_endpoint() const { return requests_; }
+  const std::string& publish_address() const { return publish_; }
+  const std::string& request_address() const { return requests_; }
   /// `--publish-on` and `--requests-on` for the endpoints it bound: a restart on the same
   /// addresses.
-  std::vector<std::string> same_endpoints() const;
+  std::vector<std::string> same_addresses() const;
   /// `--peer=` for this node (with its CURVE public key when given).
   std::string as_peer(const std::string& public_key = {}) const;
 

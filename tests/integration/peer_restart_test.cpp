@@ -101,7 +101,7 @@ TEST_P(PeerRestart, RequestsInFlightFailWithPeerGoneAndTheRestartedServerServesA
   auto server = std::make_unique<NodeProcess>(
       cat(server_flags(), {"--hold-requests"}, endpoints.flags("server")));
   ASSERT_TRUE(server->ready());
-  start_node({server->publish_endpoint()});
+  start_node({server->publish_address()});
   ASSERT_TRUE(node->wait_for_server(integ::kStats, 30s));
 
   // Requests with a deadline far beyond every bound below: whatever ends them, it is not the
@@ -141,7 +141,7 @@ TEST_P(PeerRestart, RequestsInFlightFailWithPeerGoneAndTheRestartedServerServesA
   EXPECT_GE(node->stats().calls_peer_gone, static_cast<uint64_t>(kInFlight));
 
   // The same endpoints; this node is not restarted.
-  auto again = std::make_unique<NodeProcess>(cat(server_flags(), server->same_endpoints()));
+  auto again = std::make_unique<NodeProcess>(cat(server_flags(), server->same_addresses()));
   ASSERT_TRUE(again->ready());
   ASSERT_TRUE(bus_test::eventually([&] { return has_peer(*node, again->id()); }, 30s));
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(call_succeeds());
@@ -154,8 +154,8 @@ TEST_P(PeerRestart, FiftyServerRestartsLeaveNothingBehindInTheCaller) {
   constexpr int kRestarts = 50, kBaselineAt = 5;
   auto server = std::make_unique<NodeProcess>(cat(server_flags(), endpoints.flags("server")));
   ASSERT_TRUE(server->ready());
-  const std::vector<std::string> same = server->same_endpoints();
-  start_node({server->publish_endpoint()});
+  const std::vector<std::string> same = server->same_addresses();
+  start_node({server->publish_address()});
 
   std::size_t baseline = 0;
   for (int round = 1; round <= kRestarts; ++round) {
@@ -190,7 +190,7 @@ TEST_P(PeerRestart, FiftyClientRestartsLeaveNothingBehindInTheServer) {
   start_node({}, /*serve=*/true);
   std::vector<std::string> client_flags =
       cat({"--name=client", "--import-stats", "--heartbeat-ms=50", "--dead-after=4",
-           "--peer=" + node->publish_endpoint()},
+           "--peer=" + node->publish_address()},
           endpoints.flags("client"));
 
   std::size_t baseline = 0;
@@ -198,7 +198,7 @@ TEST_P(PeerRestart, FiftyClientRestartsLeaveNothingBehindInTheServer) {
   for (int round = 1; round <= kRestarts; ++round) {
     if (client) client->kill();
     client = std::make_unique<NodeProcess>(
-        round == 1 ? client_flags : cat(client_flags, client->same_endpoints()));
+        round == 1 ? client_flags : cat(client_flags, client->same_addresses()));
     ASSERT_TRUE(client->ready()) << "round " << round;
     ASSERT_EQ(client->ask("wait-server").num("ok"), 1u) << "round " << round;
     // Made again if it fails: a sanitized client on a loaded machine may miss the server's

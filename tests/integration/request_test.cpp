@@ -49,7 +49,7 @@ class MultiProcessRequest : public testing::TestWithParam<Transport> {
 TEST_P(MultiProcessRequest, AServerProcessAnswersEveryRequest) {
   NodeProcess server(cat({"--name=server", "--serve"}, endpoints.flags("server")));
   ASSERT_TRUE(server.ready());
-  start_node({server.publish_endpoint()});
+  start_node({server.publish_address()});
   ASSERT_TRUE(node->wait_for_server(integ::kStats, 30s));
 
   for (int i = 0; i < 200; ++i) ASSERT_EQ(call_once(), "server");
@@ -76,7 +76,7 @@ TEST_P(MultiProcessRequest, RequestsTakeTurnsOverTwoServerProcesses) {
   NodeProcess s2(cat({"--name=s2", "--serve"}, endpoints.flags("s2")));
   ASSERT_TRUE(s1.ready());
   ASSERT_TRUE(s2.ready());
-  start_node({s1.publish_endpoint(), s2.publish_endpoint()});
+  start_node({s1.publish_address(), s2.publish_address()});
   ASSERT_TRUE(bus_test::eventually([&] { return node->peers().size() == 2; }, 30s));
 
   std::map<std::string, int> served_by;
@@ -95,7 +95,7 @@ TEST_P(MultiProcessRequest, AServerProcessAnswersTwoCallerProcessesAtOnce) {
   NodeProcess caller(
       cat({"--name=caller", "--import-stats", server.as_peer()}, endpoints.flags("caller")));
   ASSERT_TRUE(caller.ready());
-  start_node({server.publish_endpoint()});
+  start_node({server.publish_address()});
   ASSERT_EQ(caller.ask("wait-server").num("ok"), 1u);
   ASSERT_TRUE(node->wait_for_server(integ::kStats, 30s));
 

@@ -171,7 +171,7 @@ TEST(SharedMemoryProcesses, AWriterKilledMidFrameCostsItsReaderOnlyThatFrameCoun
   // Nothing is wedged: the publisher restarted on its addresses links again, and is read.
   const uint64_t had = r.num("received");
   NodeProcess again(
-      node("pub", cat({"--export-readings", "--reading-bytes=2048"}, pub.same_endpoints())));
+      node("pub", cat({"--export-readings", "--reading-bytes=2048"}, pub.same_addresses())));
   ASSERT_TRUE(again.ready());
   ASSERT_EQ(again.ask("wait-subscribers 1").num("n"), 1u);
   ASSERT_TRUE(linked(again, 1));

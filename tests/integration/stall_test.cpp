@@ -83,8 +83,8 @@ TEST(Stall, AStoppedSubscriberCostsOnlyItselfAndItsLossIsCountedExactly) {
   NodeProcess aggregator(node("aggregator", {"--import-readings", producer.as_peer()}));
   ASSERT_TRUE(monitor.ready());
   ASSERT_TRUE(aggregator.ready());
-  ASSERT_EQ(producer.ask("peer " + monitor.publish_endpoint()).word, "peered");
-  ASSERT_EQ(producer.ask("peer " + aggregator.publish_endpoint()).word, "peered");
+  ASSERT_EQ(producer.ask("peer " + monitor.publish_address()).word, "peered");
+  ASSERT_EQ(producer.ask("peer " + aggregator.publish_address()).word, "peered");
   ASSERT_EQ(producer.ask("wait-subscribers 2").num("n"), 2u);
 
   constexpr uint64_t kBefore = 2'000, kDuring = 40'000, kRate = 20'000;
@@ -155,7 +155,7 @@ TEST(Stall, ASlowReaderKeepsItsPublisherAliveAndCountsWhatItMisses) {
       quick_death("reader", {"--import-readings", "--slow-us=2000", "--ring-bytes=4096",
                              "--pause-at=300", "--pause-ms=1500", pub.as_peer()}));
   ASSERT_TRUE(reader.ready());
-  ASSERT_EQ(pub.ask("peer " + reader.publish_endpoint()).word, "peered");
+  ASSERT_EQ(pub.ask("peer " + reader.publish_address()).word, "peered");
   ASSERT_EQ(pub.ask("wait-subscribers 1").num("n"), 1u);
 
   constexpr uint64_t kPublished = 5'000;
@@ -184,7 +184,7 @@ TEST(Stall, AStoppedPublisherIsDeclaredDeadAndWhatWasLostBeforeIsCountedWhenItRe
   ASSERT_TRUE(pub.ready());
   NodeProcess sub(node("sub", {"--import-readings", pub.as_peer()}));
   ASSERT_TRUE(sub.ready());
-  ASSERT_EQ(pub.ask("peer " + sub.publish_endpoint()).word, "peered");
+  ASSERT_EQ(pub.ask("peer " + sub.publish_address()).word, "peered");
   ASSERT_EQ(pub.ask("wait-subscribers 1").num("n"), 1u);
   ASSERT_EQ(pub.ask("publish 100").num("refused"), 0u);
   ASSERT_EQ(sub.ask("wait-received 100").num("n"), 100u);

@@ -128,8 +128,8 @@ int main(int argc, char** argv) {
       .import_endpoint(py_stats)
       .export_endpoint(cpp_stats)
       .export_queue(jobs);
-  std::printf("ready pub=%s req=%s id=%llu key=%s\n", node.publish_endpoint().c_str(),
-              node.request_endpoint().c_str(), static_cast<unsigned long long>(node.id()),
+  std::printf("ready pub=%s req=%s id=%llu key=%s\n", node.publish_address().c_str(),
+              node.request_address().c_str(), static_cast<unsigned long long>(node.id()),
               keys.public_key.empty() ? "-" : keys.public_key.c_str());
   std::fflush(stdout);
 
@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
     bool serves = false, imports = false;
     for (const auto& s : p.serves) serves |= s == py_stats.name();
     for (const auto& s : p.imports) imports |= s == cpp_readings.name();
-    peer_listed = serves && imports && !p.request_endpoint.empty();
+    peer_listed = serves && imports && !p.request_address.empty();
   }
   check(peer_listed, "peers() lists py-peer with its endpoint, serves and imports");
   const uint64_t calls = absl::GetFlag(FLAGS_calls);

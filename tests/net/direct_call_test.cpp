@@ -224,8 +224,8 @@ TEST(DirectCall, ALaneTalksCurveWithTheNodesKeys) {
   bus::net::Node a{ba, bus_test::local_node("a").curve(ka, {kb.public_key})};
   bus::net::Node b{bb, bus_test::local_node("b")
                            .curve(kb, {ka.public_key})
-                           .peer(a.publish_endpoint(), ka.public_key)};
-  a.peer(b.publish_endpoint(), kb.public_key);
+                           .peer(a.publish_address(), ka.public_key)};
+  a.peer(b.publish_address(), kb.public_key);
   auto server = ba.serve(echo_ep, echo);
   a.export_endpoint(echo_ep);
   b.import_endpoint(echo_ep);

@@ -531,7 +531,7 @@ TEST(Node, ARequestBatchFromARawPeerIsAnsweredWithAReplyBatch) {
   p.a.export_endpoint(stats_ep);
   zmq::context_t ctx;
   zmq::socket_t raw(ctx, zmq::socket_type::dealer);
-  raw.connect(p.a.request_endpoint());
+  raw.connect(p.a.request_address());
   std::string payloads;
   for (const char* s : {"a", "bbb"}) {
     StatsRequest m = ask(s);
@@ -649,7 +649,7 @@ TEST(Node, ThreeNodesFanOutAndRoundRobinRequests) {
   Node a{ba, local_node("a")}, b{bb, local_node("b")}, c{bc, local_node("c")};
   for (Node* n : {&a, &b, &c}) {
     for (Node* m : {&a, &b, &c}) {
-      if (n != m) n->peer(m->publish_endpoint());
+      if (n != m) n->peer(m->publish_address());
     }
   }
   std::atomic<int> served_b{0}, served_c{0};
@@ -684,7 +684,7 @@ TEST(Node, MalformedFramesAreCountedAndDoNotDisturbTraffic) {
   p.b.import_endpoint(stats_ep);
   zmq::context_t ctx;
   zmq::socket_t raw(ctx, zmq::socket_type::dealer);
-  raw.connect(p.a.request_endpoint());
+  raw.connect(p.a.request_address());
   std::string junk(64, '\x7f');
   raw.send(zmq::buffer(std::string_view("test.net.stats")), zmq::send_flags::sndmore);
   raw.send(zmq::buffer(junk), zmq::send_flags::sndmore);
@@ -701,13 +701,13 @@ TEST(Node, CurveAllowsListedKeysOnly) {
   bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)},
       bx{bus::Options().executors(1)};
   Node a{ba, local_node("a").curve(ka, {kb.public_key})};
-  Node b{bb, local_node("b").curve(kb, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
+  Node b{bb, local_node("b").curve(kb, {ka.public_key}).peer(a.publish_address(), ka.public_key)};
   Node x{
       bx,
-      local_node("intruder").curve(kx, {ka.public_key}).peer(a.publish_endpoint(), ka.public_key)};
+      local_node("intruder").curve(kx, {ka.public_key}).peer(a.publish_address(), ka.public_key)};
   // And a node without keys at all.
   bus::Bus by{bus::Options().executors(1)};
-  Node y{by, local_node("plain").peer(a.publish_endpoint())};
+  Node y{by, local_node("plain").peer(a.publish_address())};
   a.export_topic(readings);
   b.import_topic(readings);
   x.import_topic(readings);
@@ -728,8 +728,8 @@ TEST(Node, CurveAllowsListedKeysOnly) {
 TEST(Node, StoppingAPublisherDeliversEverythingItAccepted) {
   bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)};
   auto a = std::make_unique<Node>(ba, local_node("a"));
-  Node b{bb, local_node("b").peer(a->publish_endpoint())};
-  a->peer(b.publish_endpoint());
+  Node b{bb, local_node("b").peer(a->publish_address())};
+  a->peer(b.publish_address());
   a->export_topic(readings);
   b.import_topic(readings);
   std::atomic<uint64_t> got{0};
@@ -771,7 +771,7 @@ TEST(Node, AStalledSubscriberHoldsThePublisherBackWithoutSpinningThenIsSentPast)
   raw.set(zmq::sockopt::rcvhwm, 1);
   raw.set(zmq::sockopt::rcvbuf, 4096);
   raw.set(zmq::sockopt::linger, 0);
-  raw.connect(a.publish_endpoint());
+  raw.connect(a.publish_address());
   raw.set(zmq::sockopt::subscribe, bulky.name());
   ASSERT_TRUE(a.wait_for_subscribers(bulky.name(), 1, 10s));
 
@@ -818,7 +818,7 @@ TEST(Node, ALeavingNodeIsForgottenWithoutWaitingForItsHeartbeats) {
   auto slow = [](const char* name) { return local_node(name).heartbeat(10s, 100); };
   bus::Bus ba{bus::Options().executors(1)}, bb{bus::Options().executors(1)};
   auto a = std::make_unique<Node>(ba, slow("a"));
-  Node b{bb, slow("b").peer(a->publish_endpoint())};
+  Node b{bb, slow("b").peer(a->publish_address())};
   ASSERT_TRUE(bus_test::eventually([&] { return b.peers().size() == 1; }, 30s));
   EXPECT_EQ(b.peers()[0].name, "a");
   a.reset();
@@ -920,7 +920,7 @@ TEST(NodeOptions, ParsesASmallConfig) {
   EXPECT_EQ(o->publish_on(), "tcp://*:7411");
   EXPECT_EQ(o->advertise(), "tcp://10.0.0.5:7412");
   ASSERT_EQ(o->peers().size(), 2u);
-  EXPECT_EQ(o->peers()[1].endpoint, "tcp://10.0.0.6:7401");
+  EXPECT_EQ(o->peers()[1].address, "tcp://10.0.0.6:7401");
   EXPECT_EQ(o->heartbeat(), 100ms);
   EXPECT_EQ(o->dead_after(), 5u);
   EXPECT_EQ(o->max_message_bytes(), 4096u);
@@ -1008,7 +1008,7 @@ TEST(NodeOptions, ConfigErrorsNameTheLine) {
   auto unknown = NodeOptions::parse("publish = tcp://*:1\ncolour = blue\n");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("unknown key 'colour'"), std::string::npos);
-  EXPECT_FALSE(NodeOptions::parse("name = x\n").ok());  // no publish endpoint
+  EXPECT_FALSE(NodeOptions::parse("name = x\n").ok());  // no publish address
   EXPECT_EQ(NodeOptions::load("/nonexistent/node.conf").status().code(),
             absl::StatusCode::kNotFound);
 }

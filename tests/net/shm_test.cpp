@@ -44,8 +44,8 @@ NodeOptions node(const char* name, Transport t = Transport::kAuto) {
 struct Pair {
   explicit Pair(Transport t = Transport::kAuto) : Pair(node("a", t), node("b", t)) {}
   Pair(NodeOptions oa, NodeOptions ob) : a(bus_a, oa), b(bus_b, ob) {
-    a.peer(b.publish_endpoint());
-    b.peer(a.publish_endpoint());
+    a.peer(b.publish_address());
+    b.peer(a.publish_address());
   }
   bus::Bus bus_a, bus_b;
   Node a, b;
@@ -120,7 +120,7 @@ TEST(SharedMemory, APublisherMovesToTheLinkUnderTrafficWithNothingLostOrTwice) {
     seen.push_back(r->getSeq());
   });
   b.import_topic(readings);
-  b.peer(a.publish_endpoint());
+  b.peer(a.publish_address());
   ASSERT_TRUE(bus_test::eventually([&] { return b.stats().shm_handovers == 1; }, 30s));
   ASSERT_TRUE(bus_test::eventually(
       [&] {
@@ -148,8 +148,8 @@ TEST(SharedMemory, APublisherMovesToTheLinkUnderTrafficWithNothingLostOrTwice) {
 TEST(SharedMemory, ALargeMessageIsReadInPlaceByEverySubscriberAndFreedWhenAllAreDone) {
   bus::Bus bus_a, bus_b, bus_c;
   Node a(bus_a, node("a")), b(bus_b, node("b")), c(bus_c, node("c"));
-  b.peer(a.publish_endpoint());
-  c.peer(a.publish_endpoint());
+  b.peer(a.publish_address());
+  c.peer(a.publish_address());
   a.export_topic(readings);
   b.import_topic(readings);
   c.import_topic(readings);
@@ -220,8 +220,8 @@ TEST(SharedMemory, AStuckReaderIsHeldThenCutAndItsLossIsCountedOnBothSides) {
   bus::Bus bus_a, bus_b, bus_c;
   Node a(bus_a, node("a").send_stall_limit(50ms));
   Node b(bus_b, node("b")), c(bus_c, node("c"));
-  for (Node* n : {&b, &c}) n->peer(a.publish_endpoint());
-  a.peer(b.publish_endpoint());  // so that a hears b's reports of what it missed
+  for (Node* n : {&b, &c}) n->peer(a.publish_address());
+  a.peer(b.publish_address());  // so that a hears b's reports of what it missed
   a.export_topic(readings);
   c.import_topic(readings);
   std::atomic<uint64_t> got_c{0}, got_b{0};

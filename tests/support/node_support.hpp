@@ -59,8 +59,8 @@ struct NodePair {
         bus_b(bus::Options().executors(executors)),
         a(bus_a, local_node("a")),
         b(bus_b, local_node("b")) {
-    a.peer(b.publish_endpoint());
-    b.peer(a.publish_endpoint());
+    a.peer(b.publish_address());
+    b.peer(a.publish_address());
   }
   bus::Bus bus_a;
   bus::Bus bus_b;

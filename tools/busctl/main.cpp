@@ -44,7 +44,7 @@
 #include "../../examples/usage.hpp"
 
 ABSL_FLAG(std::vector<std::string>, peer, {},
-          "publish endpoints of the nodes to join through (tcp://host:port, ipc://path); "
+          "publish addresses of the nodes to join through (tcp://host:port, ipc://path); "
           "comma-separated or repeated. Required unless --etcd finds them.");
 ABSL_FLAG(std::vector<std::string>, etcd, {},
           "etcd endpoints (http://host:port) where the nodes register: busctl joins every node "
@@ -54,7 +54,7 @@ ABSL_FLAG(std::string, config, "",
           "a node config file (bus::net::NodeOptions::load syntax) for a secured bus: its "
           "`peer = ENDPOINT PUBLIC-KEY` lines, `curve_public`/`curve_secret` (busctl's own key "
           "pair: `busctl keygen` makes one; the nodes must allow its public key), heartbeat and "
-          "limits. Its name and endpoints are not used: busctl binds 127.0.0.1 only.");
+          "limits. Its name and addresses are not used: busctl binds 127.0.0.1 only.");
 ABSL_FLAG(std::vector<std::string>, schema, {},
           ".capnp files that define the message types (comma-separated or repeated)");
 ABSL_FLAG(std::vector<std::string>, import_path, {"/usr/include"},
@@ -264,7 +264,7 @@ class Tool {
   absl::Status unreachable() const {
     return absl::UnavailableError(absl::StrCat(
         "no peer reachable: no heartbeat from any --peer (or node registered in --etcd) within "
-        "--wait (is the node running, and is --peer its publish endpoint?",
+        "--wait (is the node running, and is --peer its publish address?",
         secure_ ? " With CURVE: is the peer's public key in --config right, and does the node "
                   "allow busctl's public key?"
                 : "",
@@ -317,8 +317,8 @@ absl::StatusOr<bus::net::NodeOptions> node_options() {
     for (const auto& p : o.peers()) {
       if (p.public_key.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--config: peer ", p.endpoint,
-            " has no public key; with CURVE keys every peer needs one (`peer = ", p.endpoint,
+            "--config: peer ", p.address,
+            " has no public key; with CURVE keys every peer needs one (`peer = ", p.address,
             " PUBLIC-KEY`)"));
       }
       if (std::find(allow.begin(), allow.end(), p.public_key) == allow.end()) {
@@ -333,7 +333,7 @@ absl::StatusOr<bus::net::NodeOptions> node_options() {
   }
   if (o.peers().empty() && o.etcd().empty()) {
     return absl::InvalidArgumentError(
-        "--peer or --etcd is required: the publish endpoint of a node of the bus (or `peer =` "
+        "--peer or --etcd is required: the publish address of a node of the bus (or `peer =` "
         "lines in --config), or the etcd where the nodes register");
   }
   return o;
@@ -450,7 +450,7 @@ int cmd_peers(Tool& tool) {
   for (const auto& p : peers) {
     std::printf("%s  id=%llu  requests=%s  transport=%s  last heartbeat %lld ms ago\n",
                 p.name.c_str(), static_cast<unsigned long long>(p.id),
-                p.request_endpoint.empty() ? "-" : p.request_endpoint.c_str(),
+                p.request_address.empty() ? "-" : p.request_address.c_str(),
                 bus::net::transport_name(p.transport),
                 static_cast<long long>(p.since_heartbeat.count()));
     for (const auto& c : p.channels) {
@@ -478,7 +478,7 @@ int cmd_stats(Tool& tool, const std::string& which) {
   for (const auto& p : peers) {
     if (!which.empty() && p.name != which && absl::StrCat(p.id) != which) continue;
     any = true;
-    if (p.request_endpoint.empty()) {
+    if (p.request_address.empty()) {
       // Live (its heartbeats arrive), but $bus.stats is asked on a node's request socket.
       unaskable = true;
       std::fprintf(stderr,

@@ -1,4 +1,4 @@
-// StatsD export: the bus's counters (and those of any other source: the HTTP endpoint, a
+// StatsD export: the bus's counters (and those of any other source: the HTTP server, a
 // bridge node) pushed in the StatsD line protocol over UDP at an interval.
 //
 //   bus::StatsdExporter statsd(bus, bus::StatsdOptions().address("127.0.0.1:8125"));

@@ -1,4 +1,4 @@
-// Uses the installed bus::endpoint: serves one route and fetches it over a plain socket.
+// Uses the installed bus::http: serves one route and fetches it over a plain socket.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>

@@ -13,7 +13,7 @@ int main() {
   node.export_topic(readings);
   auto r = bus::build<consumer::Reading>([](consumer::Reading::Builder b) { b.setValue(2.5); });
   bool ok = bus.publish(readings, r).ok() && r->getValue() == 2.5 &&
-            node.publish_endpoint().rfind("tcp://127.0.0.1:", 0) == 0;
+            node.publish_address().rfind("tcp://127.0.0.1:", 0) == 0;
   std::printf("net %s\n", ok ? "ok" : "failed");
   return ok ? 0 : 1;
 }

@@ -19,7 +19,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "bus/detail/pool.hpp"
+#include "bus/detail/buffers.hpp"
 
 namespace bus {
 
@@ -63,15 +63,16 @@ struct MessageAccess;
 /// batched, many to a frame, and copied through the link's ring, which costs less than sharing
 /// a block.
 inline constexpr std::size_t kSharedBufferBytes = 32 * 1024;
-/// The shared-memory heap's block when it is on and has room, else the pool's.
+/// The shared-memory heap's block when it is on and has room, else a recycled one
+/// (bus/detail/buffers.hpp).
 void* alloc_shared_buffer(std::size_t bytes);
 void free_shared_buffer(void* p, std::size_t bytes);
 inline void* alloc_buffer(std::size_t bytes) {
-  return bytes < kSharedBufferBytes ? pool_alloc(bytes) : alloc_shared_buffer(bytes);
+  return bytes < kSharedBufferBytes ? alloc_recycled(bytes) : alloc_shared_buffer(bytes);
 }
 inline void free_buffer(void* p, std::size_t bytes) {
   if (bytes < kSharedBufferBytes) {
-    pool_free(p, bytes);
+    free_recycled(p, bytes);
   } else {
     free_shared_buffer(p, bytes);
   }
@@ -105,7 +106,7 @@ inline void release_buffer(BufferHead* h) noexcept {
   if (h->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   if (h->keeper != nullptr) {
     h->keeper->release();
-    pool_free(h, kStateBytes);
+    free_recycled(h, kStateBytes);
   } else {
     free_buffer(h, kStateBytes + (h->words + h->spare) * sizeof(capnp::word));
   }
@@ -235,7 +236,7 @@ class Message {
   /// A message that reads `payload` (stream framing, one segment, checked by the caller as
   /// readable unchecked) where it is, kept alive by `keeper` (released with the last copy).
   static Message view(kj::ArrayPtr<const capnp::word> payload, detail::WordsKeeper* keeper) {
-    void* mem = detail::pool_alloc(sizeof(State));
+    void* mem = detail::alloc_recycled(sizeof(State));
     Message m(Adopt{});
     m.state_ = ::new (mem) State{{{1}, 0, payload.size(), payload.begin(), keeper},
                                  capnp::readMessageUnchecked<S>(payload.begin() + 1)};

@@ -1,4 +1,4 @@
-// How the HTTP endpoint listens, how many threads serve it, and the limits it enforces.
+// How the HTTP server listens, how many threads serve it, and the limits it enforces.
 #pragma once
 
 #include <chrono>

@@ -1,4 +1,4 @@
-// The HTTP endpoint: REST calls in, bus requests through, replies out.
+// The HTTP/WebSocket edge (bus::http): REST calls in, bus requests through, replies out.
 //
 //   bus::Bus bus;
 //   bus::http::Server http(bus, bus::http::ServerOptions().port(8080));

@@ -47,7 +47,7 @@ using RawReply = absl::AnyInvocable<void(absl::StatusOr<RawMessage>)>;
 class Node {
  public:
   /// Binds the node's sockets and starts its bridge thread. Throws std::runtime_error when a
-  /// socket cannot bind (the message names the endpoint and the reason).
+  /// socket cannot bind (the message names the address and the reason).
   Node(Bus& bus, NodeOptions options);
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -138,13 +138,19 @@ class Node {
                 std::string payload, Clock::duration timeout, RawReply done);
 
   /// Listens to one more node (like NodeOptions::peer, at run time).
-  Node& peer(std::string endpoint, std::string public_key = {});
+  Node& peer(std::string address, std::string public_key = {});
 
   /// This node's id (random, new at every start).
   uint64_t id() const;
-  /// The endpoints actually bound (a `*` port resolved).
-  std::string publish_endpoint() const;
-  std::string request_endpoint() const;
+  /// The addresses actually bound (a `*` port resolved).
+  std::string publish_address() const;
+  std::string request_address() const;
+  [[deprecated("renamed publish_address()")]] std::string publish_endpoint() const {
+    return publish_address();
+  }
+  [[deprecated("renamed request_address()")]] std::string request_endpoint() const {
+    return request_address();
+  }
 
   /// Live peers, and traffic counters.
   std::vector<PeerInfo> peers() const;

@@ -30,10 +30,10 @@ enum class Transport {
                   // leaving that peer on ZeroMQ
 };
 
-/// Another node to listen to: the endpoint its publisher binds (`tcp://host:port`, `ipc://path`)
+/// Another node to listen to: the address its publisher binds (`tcp://host:port`, `ipc://path`)
 /// and, when CURVE is on, its public key.
 struct Peer {
-  std::string endpoint;
+  std::string address;
   std::string public_key;
 };
 
@@ -48,35 +48,35 @@ class NodeOptions {
     return *this;
   }
   /// Where this node's publisher binds (topics and heartbeats go out here). Required.
-  NodeOptions& publish_on(std::string endpoint) {
-    publish_on_ = std::move(endpoint);
+  NodeOptions& publish_on(std::string address) {
+    publish_on_ = std::move(address);
     return *this;
   }
   /// Where this node's request socket binds (requests and queue messages come in here).
   /// Required when it exports endpoints or queues; a port of 0 (`tcp://127.0.0.1:*`) is fine.
-  NodeOptions& requests_on(std::string endpoint) {
-    requests_on_ = std::move(endpoint);
+  NodeOptions& requests_on(std::string address) {
+    requests_on_ = std::move(address);
     return *this;
   }
   /// The request address other nodes should connect to, when it differs from what was bound
   /// (a wildcard `tcp://*:7002` binds every interface; peers need a real address).
-  NodeOptions& advertise(std::string endpoint) {
-    advertise_ = std::move(endpoint);
+  NodeOptions& advertise(std::string address) {
+    advertise_ = std::move(address);
     return *this;
   }
   /// The publish address other nodes should connect to, when it differs from what was bound
   /// (what etcd registration tells them). Default: the bound address, with a wildcard host
   /// replaced by advertise()'s host, or else by this host's first non-loopback address.
-  NodeOptions& advertise_publish(std::string endpoint) {
-    advertise_publish_ = std::move(endpoint);
+  NodeOptions& advertise_publish(std::string address) {
+    advertise_publish_ = std::move(address);
     return *this;
   }
   /// A node to listen to. Peers may start in any order and restart at any time. A host name
   /// (`tcp://bus.default.svc:7001`) is resolved again every resolve_every(), and every address
   /// it gives is a peer (a Kubernetes headless service's pattern): one that stops being given is
   /// dropped after heartbeat() x dead_after. `public_key` then holds for every address.
-  NodeOptions& peer(std::string endpoint, std::string public_key = {}) {
-    peers_.push_back(Peer{std::move(endpoint), std::move(public_key)});
+  NodeOptions& peer(std::string address, std::string public_key = {}) {
+    peers_.push_back(Peer{std::move(address), std::move(public_key)});
     return *this;
   }
   /// How often peers given by host name are resolved again. Default 1 s.
@@ -85,7 +85,7 @@ class NodeOptions {
     return *this;
   }
   /// Finds peers through etcd (its v3 API, over the JSON gateway every etcd serves on its client
-  /// port): registers this node under `prefix` + its id in hex (name, endpoints, key, what it
+  /// port): registers this node under `prefix` + its id in hex (name, addresses, key, what it
   /// exports, serves and imports) with a lease of heartbeat() x dead_after (at least 5 s: the
   /// lease says whom to listen to, heartbeats say who is alive) kept alive every third of it,
   /// and listens to every node registered there, adding and dropping them as

@@ -26,7 +26,7 @@ struct ChannelInfo {
 struct PeerInfo {
   uint64_t id = 0;
   std::string name;
-  std::string request_endpoint;
+  std::string request_address;
   std::vector<std::string> serves;   // endpoints and queues it takes from other nodes
   std::vector<std::string> imports;  // topics it subscribes to
   std::chrono::milliseconds since_heartbeat{0};

@@ -5,7 +5,7 @@
 
 namespace bus::detail {
 
-/// A buffer of at least `bytes`, aligned for any scalar type. Sizes up to kPooledMax come from a
+/// A buffer of at least `bytes`, aligned for any scalar type. Sizes up to kRecycledMax come from a
 /// per-thread magazine of recycled buffers of the size class, refilled from a shared depot;
 /// larger ones, and everything under AddressSanitizer (so it still sees use after free), come
 /// from operator new.
@@ -18,10 +18,10 @@ namespace bus::detail {
 /// them to the depot whole (a mutex per magazine of up to 64 buffers), and the producer's thread
 /// takes them back. The bridge's outgoing frames come from here too (ZeroMQ's I/O thread frees
 /// them).
-void* pool_alloc(std::size_t bytes);
-/// Gives back a buffer from pool_alloc(`bytes`), from any thread.
-void pool_free(void* p, std::size_t bytes) noexcept;
+void* alloc_recycled(std::size_t bytes);
+/// Gives back a buffer from alloc_recycled(`bytes`), from any thread.
+void free_recycled(void* p, std::size_t bytes) noexcept;
 
-inline constexpr std::size_t kPooledMax = 64 * 1024;
+inline constexpr std::size_t kRecycledMax = 64 * 1024;
 
 }  // namespace bus::detail

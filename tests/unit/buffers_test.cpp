@@ -1,8 +1,8 @@
-// The message buffer pool: buffers made on one thread and freed on another, of every size class
-// and beyond, keep their bytes while live and are never handed out twice at once.
+// The recycled message buffers: buffers made on one thread and freed on another, of every size
+// class and beyond, keep their bytes while live and are never handed out twice at once.
 #include <gtest/gtest.h>
 
-#include <bus/detail/pool.hpp>
+#include <bus/detail/buffers.hpp>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -15,10 +15,10 @@
 
 namespace {
 
-using bus::detail::pool_alloc;
-using bus::detail::pool_free;
+using bus::detail::alloc_recycled;
+using bus::detail::free_recycled;
 
-/// A size for the i-th buffer: every class from 1 byte to past kPooledMax.
+/// A size for the i-th buffer: every class from 1 byte to past kRecycledMax.
 std::size_t size_of(uint64_t i) {
   static const std::size_t sizes[] = {1,    63,   64,    65,    200,   1000, 4096,
                                       8191, 8192, 20000, 65536, 65537, 70000};
@@ -40,12 +40,12 @@ bool holds(const void* p, std::size_t n, uint64_t tag) {
 
 }  // namespace
 
-TEST(Pool, LiveBuffersAreDistinctAlignedAndKeepTheirBytes) {
+TEST(Buffers, LiveBuffersAreDistinctAlignedAndKeepTheirBytes) {
   std::vector<std::pair<void*, std::size_t>> live;
   for (int round = 0; round < 3; ++round) {
     for (uint64_t i = 0; i < 2000; ++i) {
       std::size_t n = size_of(i);
-      void* p = pool_alloc(n);
+      void* p = alloc_recycled(n);
       ASSERT_NE(p, nullptr);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % alignof(std::max_align_t), 0u);
       fill(p, n, i);
@@ -58,13 +58,13 @@ TEST(Pool, LiveBuffersAreDistinctAlignedAndKeepTheirBytes) {
       ASSERT_TRUE(holds(live[i].first, live[i].second, i)) << "buffer " << i;
     }
     // Free every other one, then the rest: the next round reuses them.
-    for (std::size_t i = 0; i < live.size(); i += 2) pool_free(live[i].first, live[i].second);
-    for (std::size_t i = 1; i < live.size(); i += 2) pool_free(live[i].first, live[i].second);
+    for (std::size_t i = 0; i < live.size(); i += 2) free_recycled(live[i].first, live[i].second);
+    for (std::size_t i = 1; i < live.size(); i += 2) free_recycled(live[i].first, live[i].second);
     live.clear();
   }
 }
 
-TEST(Pool, BuffersMadeOnOneThreadAndFreedOnAnotherCycleIntact) {
+TEST(Buffers, BuffersMadeOnOneThreadAndFreedOnAnotherCycleIntact) {
   // The publisher / consumer shape: one thread allocates and fills, another checks and frees,
   // through a bounded queue, many magazines' worth.
   constexpr uint64_t kN = 200000;
@@ -81,11 +81,11 @@ TEST(Pool, BuffersMadeOnOneThreadAndFreedOnAnotherCycleIntact) {
       lock.unlock();
       cv.notify_all();
       if (!holds(p, size_of(i), i)) ++bad;
-      pool_free(p, size_of(i));
+      free_recycled(p, size_of(i));
     }
   });
   for (uint64_t i = 0; i < kN; ++i) {
-    void* p = pool_alloc(size_of(i));
+    void* p = alloc_recycled(size_of(i));
     fill(p, size_of(i), i);
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return queue.size() < 1000; });
@@ -97,15 +97,15 @@ TEST(Pool, BuffersMadeOnOneThreadAndFreedOnAnotherCycleIntact) {
   EXPECT_EQ(bad, 0u);
 }
 
-TEST(Pool, AThreadThatExitsHandsItsBuffersBackAndOthersFreeItsBuffers) {
+TEST(Buffers, AThreadThatExitsHandsItsBuffersBackAndOthersFreeItsBuffers) {
   std::vector<std::pair<void*, std::size_t>> made;
   std::thread maker([&] {
     // Some stay in this thread's cache when it exits; others outlive it.
     for (uint64_t i = 0; i < 500; ++i) {
-      void* p = pool_alloc(size_of(i));
+      void* p = alloc_recycled(size_of(i));
       fill(p, size_of(i), i);
       if (i % 2 == 0) {
-        pool_free(p, size_of(i));
+        free_recycled(p, size_of(i));
       } else {
         made.emplace_back(p, size_of(i));
       }
@@ -114,11 +114,11 @@ TEST(Pool, AThreadThatExitsHandsItsBuffersBackAndOthersFreeItsBuffers) {
   maker.join();
   for (uint64_t k = 0; k < made.size(); ++k) {
     EXPECT_TRUE(holds(made[k].first, made[k].second, 2 * k + 1));
-    pool_free(made[k].first, made[k].second);
+    free_recycled(made[k].first, made[k].second);
   }
-  // And the pool still works here.
-  void* p = pool_alloc(100);
+  // And recycling still works here.
+  void* p = alloc_recycled(100);
   fill(p, 100, 7);
   EXPECT_TRUE(holds(p, 100, 7));
-  pool_free(p, 100);
+  free_recycled(p, 100);
 }

@@ -1,4 +1,4 @@
-#include "bus/detail/pool.hpp"
+#include "bus/detail/buffers.hpp"
 
 #include <algorithm>
 #include <array>
@@ -12,20 +12,20 @@ namespace bus::detail {
 namespace {
 
 #if defined(__SANITIZE_ADDRESS__)
-constexpr bool kPooling = false;
+constexpr bool kRecycling = false;
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-constexpr bool kPooling = false;
+constexpr bool kRecycling = false;
 #else
-constexpr bool kPooling = true;
+constexpr bool kRecycling = true;
 #endif
 #else
-constexpr bool kPooling = true;
+constexpr bool kRecycling = true;
 #endif
 
 constexpr std::size_t kMinClass = 64;  // class c holds buffers of kMinClass << c bytes
-constexpr std::size_t kClasses = std::bit_width(kPooledMax / kMinClass);  // 64 B .. 64 KiB
-constexpr std::size_t kMagazine = 64;                                     // buffers, at most
+constexpr std::size_t kClasses = std::bit_width(kRecycledMax / kMinClass);  // 64 B .. 64 KiB
+constexpr std::size_t kMagazine = 64;                                       // buffers, at most
 constexpr std::size_t kMagazineBytes = 256 * 1024;  // and bytes, at most (two for big classes)
 constexpr std::size_t kDepotBytes = std::size_t{8} << 20;  // idle bytes kept per class, about
 
@@ -100,8 +100,8 @@ Cache* local() noexcept {
 
 }  // namespace
 
-void* pool_alloc(std::size_t bytes) {
-  if (!kPooling || bytes > kPooledMax) return ::operator new(bytes);
+void* alloc_recycled(std::size_t bytes) {
+  if (!kRecycling || bytes > kRecycledMax) return ::operator new(bytes);
   std::size_t c = class_of(bytes);
   if (Cache* cache = local()) {
     Magazine& m = cache->mags[c];
@@ -122,8 +122,8 @@ void* pool_alloc(std::size_t bytes) {
   return ::operator new(class_bytes(c));
 }
 
-void pool_free(void* p, std::size_t bytes) noexcept {
-  if (!kPooling || bytes > kPooledMax) return ::operator delete(p);
+void free_recycled(void* p, std::size_t bytes) noexcept {
+  if (!kRecycling || bytes > kRecycledMax) return ::operator delete(p);
   std::size_t c = class_of(bytes);
   Cache* cache = local();
   if (cache == nullptr) return ::operator delete(p);
