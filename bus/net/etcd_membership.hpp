@@ -30,7 +30,7 @@ class Bridge;
 class EtcdMembership {
  public:
   /// `publish`: what the registration says of this node's publisher (advertised_publish()).
-  /// Throws std::invalid_argument for an etcd address that is not `http://host:port`.
+  /// Throws std::invalid_argument for an etcd endpoint that is not `http://host:port`.
   EtcdMembership(boost::asio::io_context& io, Bridge& bridge, const NodeOptions& options,
                  std::string publish, MembershipCounters& counters);
 
