@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string peer = absl::GetFlag(FLAGS_peer);
   if (peer.empty()) {
-    std::fprintf(stderr, "usage: interop_node --peer=PYTHON_PUBLISH_ENDPOINT [...]\n");
+    std::fprintf(stderr, "usage: interop_node --peer=PYTHON_PUBLISH_ADDRESS [...]\n");
     return 2;
   }
   const std::string peer_key = absl::GetFlag(FLAGS_peer_key);

@@ -52,7 +52,7 @@ ABSL_FLAG(std::vector<std::string>, etcd, {},
 ABSL_FLAG(std::string, prefix, "/bus/", "with --etcd: the key prefix the nodes register under");
 ABSL_FLAG(std::string, config, "",
           "a node config file (bus::net::NodeOptions::load syntax) for a secured bus: its "
-          "`peer = ENDPOINT PUBLIC-KEY` lines, `curve_public`/`curve_secret` (busctl's own key "
+          "`peer = ADDRESS PUBLIC-KEY` lines, `curve_public`/`curve_secret` (busctl's own key "
           "pair: `busctl keygen` makes one; the nodes must allow its public key), heartbeat and "
           "limits. Its name and addresses are not used: busctl binds 127.0.0.1 only.");
 ABSL_FLAG(std::vector<std::string>, schema, {},

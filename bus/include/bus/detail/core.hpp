@@ -140,8 +140,8 @@ class Core {
   }
   /// send_on() while `r` has room and no records wait before it: builds the record (or joins
   /// the open run) and returns true. Returns false, `args` untouched, otherwise. `g` is p.gate.
-  /// With `kRun`, outside the plain gate, the record opens a run counted into `counter` when it
-  /// closes (Ring::commit_run): the caller counts the message only under the plain gate.
+  /// With `kRun`, outside kPerSend, the record opens a run counted into `counter` when it
+  /// closes (Ring::commit_run): the caller counts the message only under kPerSend.
   template <class P, bool kRun, class... A>
   [[gnu::always_inline]] static bool append(Producer& p, Producer::Gate g, Ring& r, Inbox& dest,
                                             Target* target, std::atomic<uint64_t>* counter,
@@ -169,7 +169,7 @@ class Core {
                                                    std::atomic<uint64_t>* counter, A&&... args) {
     constexpr uint32_t kWords = Payload<P>::kWords;
     if (g != Producer::kPerSend) {
-      // Only executors hold records back (send_full()); the plain gate is never an executor's.
+      // Only executors hold records back (send_full()); kPerSend is never an executor's.
       if (r.held != 0) [[unlikely]]
         return false;
       r.close_run();  // the record goes after the open run's payloads (a plain thread has none)
@@ -211,7 +211,7 @@ class Core {
 
   /// append() of `n` messages at `msgs`, in order: as many as `r` has room for; returns how many.
   /// Runs of them are built at once (a copy of the array when P is an inline array type), and
-  /// counted into `counter` when they close (p.gate is not the plain gate: a Batch is open).
+  /// counted into `counter` when they close (p.gate is not kPerSend: a Batch is open).
   template <class P>
   static std::size_t append_all(Producer& p, Ring& r, Inbox& dest, Target* target,
                                 std::atomic<uint64_t>* counter, const P* msgs, std::size_t n) {

@@ -65,7 +65,7 @@ template <class T, class U>
       !Core::append_record<T, true>(p, g, *route.ring, *t->inbox, t, route.published,
                                     std::forward<U>(msg)))
     return false;
-  // Outside the plain gate the message joined a run, counted when the run closes.
+  // Outside kPerSend the message joined a run, counted when the run closes.
   if (g == Producer::kPerSend) CounterTable<kProducerCounters>::bump(*route.published);
   return true;
 }
@@ -97,7 +97,7 @@ template <class T, class U, class Slow>
   // whether the bus has stopped (see Producer::Gate).
   if (gate != Gate::kPerSend) [[unlikely]] {
     // The lease did not take the message: the first two of a run (the second takes the lease),
-    // or one after another send to the inbox closed the run. (The plain gate's look comes
+    // or one after another send to the inbox closed the run. (kPerSend's look comes
     // first: one branch for it, not two.)
     if (gate == Gate::kOpen) {
       if (routed && send_on_route<T>(p, Gate::kOpen, route, std::forward<U>(msg)))

@@ -36,7 +36,7 @@ class Timers {
   /// Adds an admitted timer.
   void insert(uint64_t id, Clock::time_point at, Clock::duration period, Fn fn, bool essential);
   /// False when `id` already fired (once) or was cancelled. The timer firing now is cancelled
-  /// for its next period (take_cancelled_while_firing()); an id not seen yet when it arrives.
+  /// for its next period (done_firing() says so); an id not seen yet when it arrives.
   bool cancel(uint64_t id);
   std::optional<Clock::time_point> next() const {
     if (timers_.empty()) return std::nullopt;
