@@ -314,6 +314,20 @@ class Bridge final : public Link, private FrameSink, private ShmTransport::Event
   std::size_t messages_read_ = 0;  // from every stream, for the read budget
   bool calls_queued_ = false;      // some peer's `calls` holds requests
   absl::flat_hash_map<uint64_t, Pending> pending_;
+  /// Ends with `why` every call in flight for which `lost(pending)` holds (its peer or link is
+  /// gone: failed now, not at its deadline), counted as calls_peer_gone.
+  template <class Lost>
+  void fail_calls(Lost lost, const absl::Status& why) {
+    std::vector<uint64_t> failed;
+    for (auto& [corr, pend] : pending_) {
+      if (lost(pend)) failed.push_back(corr);
+    }
+    for (uint64_t corr : failed) {
+      auto node = pending_.extract(corr);
+      ++counters_.calls_peer_gone;
+      node.mapped().call->finish(why, {});
+    }
+  }
   uint64_t last_correlation_ = 0;
   std::vector<std::pair<Bridged*, Outbox*>> queued_;
   Payloads payloads_;  // reused: its aligned buffer keeps its size across frames

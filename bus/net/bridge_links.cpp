@@ -231,18 +231,9 @@ void Bridge::on_link_down(uint64_t link, uint64_t peer, bool died, const std::st
   p->transport = TransportKind::kZmq;
   p->link = 0;
   // Requests that went over the link will not be answered over it.
-  std::vector<uint64_t> failed;
-  for (auto& [corr, pend] : pending_) {
-    if (pend.link == link) failed.push_back(corr);
-  }
-  for (uint64_t corr : failed) {
-    auto node = pending_.extract(corr);
-    ++counters_.calls_peer_gone;
-    node.mapped().call->finish(
-        absl::UnavailableError(absl::StrCat("bus.net: the shared-memory link to node '", name,
-                                            "' closed (", why, ")")),
-        {});
-  }
+  fail_calls([link](const Pending& pend) { return pend.link == link; },
+             absl::UnavailableError(absl::StrCat("bus.net: the shared-memory link to node '", name,
+                                                 "' closed (", why, ")")));
   update_reachability();
 }
 

@@ -195,16 +195,7 @@ void Bridge::forget_peer(uint64_t id, const absl::Status& why, Forget how) {
   PeerState* p = peers_.find(id);
   if (p == nullptr) return;
   lanes_->peer_gone(id, why);
-  // Fail what was in flight on it now, not at the deadline.
-  std::vector<uint64_t> failed;
-  for (auto& [corr, pend] : pending_) {
-    if (pend.peer == id) failed.push_back(corr);
-  }
-  for (uint64_t corr : failed) {
-    auto node = pending_.extract(corr);
-    ++counters_.calls_peer_gone;
-    node.mapped().call->finish(why, {});
-  }
+  fail_calls([id](const Pending& pend) { return pend.peer == id; }, why);
   // Requests batched for it but not sent: failed once it is gone (a callback that calls again
   // then cannot pick it).
   p = peers_.find(id);  // a finished call may have changed the table

@@ -182,11 +182,10 @@ class Inbox {
 
   // Requests this inbox is waiting on (see PendingRequests).
   using CompleteFn = PendingRequests::CompleteFn;
-  static constexpr std::size_t kMaxPending = PendingRequests::kMaxPending;
   /// A correlation for a request about to be sent, or 0 when max_pending() requests are pending
   /// already. add_pending() fills its slot, or release_pending() gives it back (not sent).
   uint64_t reserve_pending() { return pending_.reserve(); }
-  /// Options::max_pending_requests (kMaxPending at most).
+  /// Options::max_pending_requests (PendingRequests::kMaxPending at most).
   std::size_t max_pending() const { return pending_.max(); }
   void release_pending(uint64_t corr) { pending_.release(corr); }
   /// Pending requests' deadlines are not timers (no allocation or map node per request), but
